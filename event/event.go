@@ -1,0 +1,85 @@
+// Package event holds the leaf types that flow through pgscribe's pipeline:
+// a decoded source event, the write intents rules derive from it, and the
+// log sequence number type used for ordering and acknowledgement. It imports
+// nothing of pgscribe's own, so every stage can depend on it.
+package event
+
+import (
+	"fmt"
+	"time"
+)
+
+// LSN is a PostgreSQL write-ahead log position.
+type LSN uint64
+
+// String formats the LSN the way PostgreSQL does (for example 16/B374D848).
+func (l LSN) String() string { return fmt.Sprintf("%X/%X", uint32(l>>32), uint32(l)) }
+
+// ParseLSN parses PostgreSQL's textual LSN form (X/Y).
+func ParseLSN(s string) (LSN, error) {
+	var hi, lo uint32
+	if _, err := fmt.Sscanf(s, "%X/%X", &hi, &lo); err != nil {
+		return 0, fmt.Errorf("parse lsn %q: %w", s, err)
+	}
+	return LSN(uint64(hi)<<32 | uint64(lo)), nil
+}
+
+// Event is one row of the source events table, decoded.
+//
+// Data and Metadata are the decoded jsonb documents: objects become
+// map[string]any, arrays []any, integral numbers int64 (exact), other numbers
+// float64. RawData and RawMetadata keep the original JSON text for dead
+// letters.
+//
+// CommitLSN and CommitTime come from the source transaction's commit as
+// delivered by logical replication; both are zero for events read by the
+// initial snapshot backfill.
+type Event struct {
+	Position       int64
+	ID             string
+	StreamID       string
+	StreamPosition int64
+	Type           string
+	Data           map[string]any
+	Metadata       map[string]any
+	RawData        []byte
+	RawMetadata    []byte
+	OccurredAt     time.Time
+
+	CommitLSN  LSN
+	CommitTime time.Time
+}
+
+// Op is a write operation a rule asks for.
+type Op string
+
+// The operations a rule can produce.
+const (
+	OpInsert Op = "insert"
+	OpUpsert Op = "upsert"
+	OpUpdate Op = "update"
+	OpDelete Op = "delete"
+	OpSQL    Op = "sql"
+	OpFail   Op = "fail"
+)
+
+// Column is one column assignment of an intent, in rule order.
+type Column struct {
+	Name  string
+	Value any
+}
+
+// Intent is one write a rule derived from an event. Table may be schema
+// qualified ("schema.table"); names are identifiers and must be quoted by
+// whoever renders SQL. For OpSQL, SQL and Args are set and the other fields
+// are empty.
+type Intent struct {
+	Rule  string
+	Op    Op
+	Table string
+	Key   []Column
+	Set   []Column
+	Inc   []Column
+	SQL   string
+	Args  []any
+}

@@ -1,0 +1,59 @@
+package event
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"math"
+	"strconv"
+)
+
+// DecodeDocument decodes a jsonb document. Objects become map[string]any,
+// arrays []any, integral numbers that fit int64 become int64 (no precision
+// loss, unlike encoding/json's float64 default), other numbers float64.
+// A document that is not a JSON object (a scalar or array) is returned under
+// the key "value" so rules can still reach it.
+func DecodeDocument(raw []byte) (map[string]any, error) {
+	if len(raw) == 0 {
+		return map[string]any{}, nil
+	}
+	dec := json.NewDecoder(bytes.NewReader(raw))
+	dec.UseNumber()
+	var v any
+	if err := dec.Decode(&v); err != nil {
+		return nil, fmt.Errorf("decode json: %w", err)
+	}
+	v = normalize(v)
+	if m, ok := v.(map[string]any); ok {
+		return m, nil
+	}
+	return map[string]any{"value": v}, nil
+}
+
+func normalize(v any) any {
+	switch x := v.(type) {
+	case map[string]any:
+		for k, e := range x {
+			x[k] = normalize(e)
+		}
+		return x
+	case []any:
+		for i, e := range x {
+			x[i] = normalize(e)
+		}
+		return x
+	case json.Number:
+		s := string(x)
+		if i, err := strconv.ParseInt(s, 10, 64); err == nil {
+			return i
+		}
+		f, err := strconv.ParseFloat(s, 64)
+		if err != nil || math.IsInf(f, 0) {
+			// Out of float range: keep the exact text rather than lose it.
+			return s
+		}
+		return f
+	default:
+		return v
+	}
+}
