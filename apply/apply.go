@@ -1,0 +1,466 @@
+package apply
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/pgscribe/pgscribe/cursor"
+	"github.com/pgscribe/pgscribe/deadletter"
+	"github.com/pgscribe/pgscribe/event"
+)
+
+// Evaluator turns an event into write intents. A nil slice with a nil error
+// means no rule matched (the event is skipped). An error dead-letters the
+// event; if it has a Kind() string method that names the dead-letter
+// error_kind. rules.Program satisfies it.
+type Evaluator interface {
+	Eval(ev *event.Event) ([]event.Intent, error)
+}
+
+// Fence verifies, inside a batch transaction, that this node still owns the
+// projection. It must lock what a takeover changes (the lease row) so that a
+// takeover waits for an in-flight batch and a batch after a takeover fails.
+type Fence interface {
+	Check(ctx context.Context, tx pgx.Tx) error
+}
+
+// Observer receives what a batch did; the engine wires it to metrics.
+// Implementations must be safe for concurrent use.
+type Observer interface {
+	BatchDone(result string, events int, d time.Duration)
+	Outcomes(applied, skipped, deadLettered int)
+	DeadLettered(kind string)
+	Gap()
+}
+
+// Input is one event handed to a partition, with the opaque token of the
+// source transaction it belongs to (for the watermark tracker).
+type Input struct {
+	Event *event.Event
+	Token uint64
+}
+
+// Options configures a Committer.
+type Options struct {
+	Projection  string
+	Version     int64
+	Schema      string        // engine schema
+	HaltOnError bool          // on_error = "halt"
+	MaxAttempts int           // transient retries per batch before giving up; 0 = forever
+	Backoff     time.Duration // first retry delay, doubled up to MaxBackoff
+	MaxBackoff  time.Duration
+	// CircuitThreshold: this many consecutive events failing with the same
+	// integrity SQLSTATE (and nothing succeeding in between) is a schema
+	// mismatch, not poison: the projection halts instead of draining the
+	// stream into dead letters. Default 20.
+	CircuitThreshold int
+}
+
+// HaltError stops a projection: a structural failure, a tripped circuit, or
+// a dead-letter-worthy event under on_error = "halt". Nothing of the failing
+// batch was committed.
+type HaltError struct {
+	Reason   string
+	SQLState string
+	Table    string
+	Err      error
+}
+
+func (e *HaltError) Error() string {
+	s := "halt: " + e.Reason
+	if e.SQLState != "" {
+		s += " (sqlstate " + e.SQLState + ")"
+	}
+	if e.Table != "" {
+		s += " on table " + e.Table
+	}
+	if e.Err != nil {
+		s += ": " + e.Err.Error()
+	}
+	return s
+}
+
+func (e *HaltError) Unwrap() error { return e.Err }
+
+// Committer applies batches: one transaction per batch holding the
+// read-model writes, the dead letters and the per-stream cursor advances.
+// It is safe for concurrent use by several partitions (each call takes its
+// own connection from the pool).
+type Committer struct {
+	pool    *pgxpool.Pool
+	opts    Options
+	eval    Evaluator
+	fence   Fence
+	cursors *cursor.Store
+	render  *renderer
+	obs     Observer
+	log     *slog.Logger
+}
+
+// NewCommitter builds a Committer.
+func NewCommitter(pool *pgxpool.Pool, opts Options, eval Evaluator, fence Fence, obs Observer, log *slog.Logger) *Committer {
+	if opts.CircuitThreshold <= 0 {
+		opts.CircuitThreshold = 20
+	}
+	if opts.Backoff <= 0 {
+		opts.Backoff = 200 * time.Millisecond
+	}
+	if opts.MaxBackoff <= 0 {
+		opts.MaxBackoff = 30 * time.Second
+	}
+	return &Committer{
+		pool: pool, opts: opts, eval: eval, fence: fence, obs: obs, log: log,
+		cursors: cursor.New(opts.Schema, opts.Projection, opts.Version),
+		render:  newRenderer(),
+	}
+}
+
+// Result counts what a committed batch did. Duplicates are events at or
+// below their stream's cursor: already accounted for by an earlier commit.
+type Result struct {
+	Applied, Skipped, DeadLettered, Duplicates int
+}
+
+// outcome of one event within a batch attempt.
+type outcome int
+
+const (
+	outDuplicate outcome = iota
+	outSkip
+	outApply
+	outDead
+)
+
+type planned struct {
+	ev       *event.Event
+	intents  []event.Intent
+	out      outcome
+	kind     string // dead-letter error_kind
+	message  string
+	sqlstate string // integrity failure that dead-lettered it
+}
+
+// circuit tracks consecutive same-SQLSTATE integrity failures of one
+// partition across batches. Not safe for concurrent use: one per partition.
+type circuit struct {
+	state string
+	count int
+}
+
+// Commit applies one partition batch. Transient failures roll back and
+// retry with backoff; integrity failures isolate the offending events into
+// dead letters; structural failures return a *HaltError. The batch's events
+// must be in commit order per stream.
+func (c *Committer) Commit(ctx context.Context, batch []Input, circ *circuit) (Result, error) {
+	start := time.Now()
+	evals := make([]planned, len(batch))
+	for i, in := range batch {
+		p := &evals[i]
+		p.ev = in.Event
+		intents, err := c.eval.Eval(in.Event)
+		switch {
+		case err != nil:
+			p.out = outDead
+			p.kind = "rule"
+			var k interface{ Kind() string }
+			if errors.As(err, &k) {
+				p.kind = k.Kind()
+			}
+			p.message = err.Error()
+		case len(intents) == 0:
+			p.out = outSkip
+		default:
+			p.out = outApply
+			p.intents = intents
+		}
+	}
+
+	isolate := false
+	backoff := c.opts.Backoff
+	for attempt := 1; ; attempt++ {
+		res, err := c.attempt(ctx, evals, isolate, circ)
+		if err == nil {
+			c.obs.BatchDone("committed", len(batch), time.Since(start))
+			if isolate {
+				c.obs.BatchDone("isolated", len(batch), 0)
+			}
+			return res, nil
+		}
+		var halt *HaltError
+		if errors.As(err, &halt) || errors.Is(err, ErrFenced) || ctx.Err() != nil {
+			if halt != nil {
+				c.obs.BatchDone("halted", len(batch), time.Since(start))
+			}
+			return Result{}, err
+		}
+		switch Classify(err) {
+		case ClassIntegrity:
+			if !isolate {
+				// Retry the same batch event by event under savepoints to
+				// find exactly the offending events.
+				isolate = true
+				attempt--
+				continue
+			}
+			// An integrity error outside any single event (for example a
+			// deferred constraint at COMMIT) cannot be pinned on an event.
+			return Result{}, c.halt("integrity failure not attributable to one event", err)
+		case ClassTransient:
+			c.obs.BatchDone("retried", len(batch), 0)
+			if c.opts.MaxAttempts > 0 && attempt >= c.opts.MaxAttempts {
+				return Result{}, fmt.Errorf("batch failed after %d attempts: %w", attempt, err)
+			}
+			c.log.Warn("transient failure, retrying batch", "projection", c.opts.Projection,
+				"version", c.opts.Version, "attempt", attempt, "sqlstate", SQLState(err), "backoff", backoff, "err", err)
+			if err := sleep(ctx, backoff); err != nil {
+				return Result{}, err
+			}
+			backoff = min(backoff*2, c.opts.MaxBackoff)
+		default:
+			return Result{}, c.halt("structural failure", err)
+		}
+	}
+}
+
+func (c *Committer) halt(reason string, err error) error {
+	h := &HaltError{Reason: reason, SQLState: SQLState(err), Err: err}
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) {
+		h.Table = pgErr.TableName
+		if pgErr.SchemaName != "" && pgErr.TableName != "" {
+			h.Table = pgErr.SchemaName + "." + pgErr.TableName
+		}
+	}
+	return h
+}
+
+func sleep(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-t.C:
+		return nil
+	}
+}
+
+// ErrFenced is returned when the lease epoch no longer matches: another node
+// took over this projection. Nothing of the batch was committed.
+var ErrFenced = errors.New("fenced: lease epoch changed, another node owns this projection")
+
+// attempt runs one transaction for the batch. On error the transaction is
+// rolled back (with a context that survives cancellation).
+func (c *Committer) attempt(ctx context.Context, evals []planned, isolate bool, circ *circuit) (res Result, err error) {
+	conn, err := c.pool.Acquire(ctx)
+	if err != nil {
+		return Result{}, fmt.Errorf("acquire connection: %w", err)
+	}
+	defer conn.Release()
+	tx, err := conn.Begin(ctx)
+	if err != nil {
+		return Result{}, fmt.Errorf("begin: %w", err)
+	}
+	defer func() {
+		if err != nil {
+			_ = tx.Rollback(context.WithoutCancel(ctx))
+		}
+	}()
+	if err := c.fence.Check(ctx, tx); err != nil {
+		return Result{}, err
+	}
+
+	// Dedup against the per-stream cursors read inside this transaction.
+	streams := make([]string, 0, len(evals))
+	seen := make(map[string]struct{}, len(evals))
+	for i := range evals {
+		id := evals[i].ev.StreamID
+		if _, ok := seen[id]; !ok {
+			seen[id] = struct{}{}
+			streams = append(streams, id)
+		}
+	}
+	curs, err := c.cursors.Load(ctx, tx, streams)
+	if err != nil {
+		return Result{}, fmt.Errorf("load cursors: %w", err)
+	}
+	adv := make(map[string]*cursor.Advance, len(streams))
+	order := make([]string, 0, len(streams))
+	// Work on a copy of the outcomes: a failed attempt must not leak
+	// isolation decisions into the next one.
+	plan := make([]planned, len(evals))
+	copy(plan, evals)
+	for i := range plan {
+		p := &plan[i]
+		cur, had := curs[p.ev.StreamID]
+		if had && p.ev.StreamPosition <= cur.StreamPosition {
+			p.out = outDuplicate
+			continue
+		}
+		if (had && p.ev.StreamPosition > cur.StreamPosition+1) || (!had && p.ev.StreamPosition > 1) {
+			c.obs.Gap()
+			c.log.Warn("stream gap", "projection", c.opts.Projection, "version", c.opts.Version,
+				"stream_id", p.ev.StreamID, "cursor", cur.StreamPosition, "stream_position", p.ev.StreamPosition)
+		}
+		curs[p.ev.StreamID] = cursor.Cursor{StreamPosition: p.ev.StreamPosition, Position: p.ev.Position}
+		a, ok := adv[p.ev.StreamID]
+		if !ok {
+			a = &cursor.Advance{StreamID: p.ev.StreamID}
+			adv[p.ev.StreamID] = a
+			order = append(order, p.ev.StreamID)
+		}
+		a.StreamPosition, a.Position = p.ev.StreamPosition, p.ev.Position
+	}
+
+	// The circuit is updated on a copy and kept only if this attempt commits,
+	// so a retried attempt does not count the same failures twice.
+	circLocal := *circ
+	if isolate {
+		if err := c.applyIsolated(ctx, tx, plan, &circLocal); err != nil {
+			return Result{}, err
+		}
+	} else {
+		if err := c.applyPipelined(ctx, tx, plan); err != nil {
+			return Result{}, err
+		}
+		circLocal = circuit{}
+	}
+
+	var dead []deadletter.Row
+	var kinds []string
+	for i := range plan {
+		p := &plan[i]
+		a := adv[p.ev.StreamID]
+		switch p.out {
+		case outDuplicate:
+			res.Duplicates++
+		case outSkip:
+			res.Skipped++
+			a.Skipped++
+		case outApply:
+			res.Applied++
+			a.Applied++
+		case outDead:
+			res.DeadLettered++
+			a.DeadLettered++
+			dead = append(dead, deadletter.FromEvent(c.opts.Projection, c.opts.Version, p.ev, p.kind, p.message))
+			kinds = append(kinds, p.kind)
+		}
+	}
+	if c.opts.HaltOnError && len(dead) > 0 {
+		return Result{}, &HaltError{Reason: fmt.Sprintf("on_error = halt: event %s (stream %s position %d) would be dead-lettered as %s: %s",
+			dead[0].EventID, dead[0].StreamID, dead[0].StreamPosition, dead[0].ErrorKind, dead[0].ErrorMessage)}
+	}
+	if len(dead) > 0 {
+		if err := deadletter.Insert(ctx, tx, c.opts.Schema, dead); err != nil {
+			return Result{}, fmt.Errorf("insert dead letters: %w", err)
+		}
+	}
+	if len(order) > 0 {
+		advances := make([]cursor.Advance, 0, len(order))
+		for _, id := range order {
+			advances = append(advances, *adv[id])
+		}
+		if err := c.cursors.Advance(ctx, tx, advances); err != nil {
+			return Result{}, fmt.Errorf("advance cursors: %w", err)
+		}
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return Result{}, fmt.Errorf("commit: %w", err)
+	}
+	*circ = circLocal
+	c.obs.Outcomes(res.Applied, res.Skipped, res.DeadLettered)
+	for _, k := range kinds {
+		c.obs.DeadLettered(k)
+	}
+	return res, nil
+}
+
+// applyPipelined sends every intent of the batch in one pipelined round trip.
+func (c *Committer) applyPipelined(ctx context.Context, tx pgx.Tx, plan []planned) error {
+	b := &pgx.Batch{}
+	for i := range plan {
+		if plan[i].out != outApply {
+			continue
+		}
+		for j := range plan[i].intents {
+			sql, args, err := c.render.render(&plan[i].intents[j])
+			if err != nil {
+				return &HaltError{Reason: "render intent of rule " + plan[i].intents[j].Rule, Err: err}
+			}
+			b.Queue(sql, args...)
+		}
+	}
+	if b.Len() == 0 {
+		return nil
+	}
+	br := tx.SendBatch(ctx, b)
+	for i := 0; i < b.Len(); i++ {
+		if _, err := br.Exec(); err != nil {
+			_ = br.Close()
+			return err
+		}
+	}
+	return br.Close()
+}
+
+// applyIsolated applies event by event, each under a savepoint, and turns
+// an integrity failure into a dead letter for exactly that event. Events of
+// the same stream after it still apply, in order.
+func (c *Committer) applyIsolated(ctx context.Context, tx pgx.Tx, plan []planned, circ *circuit) error {
+	for i := range plan {
+		p := &plan[i]
+		if p.out != outApply {
+			continue
+		}
+		if _, err := tx.Exec(ctx, "SAVEPOINT pgscribe_event"); err != nil {
+			return err
+		}
+		var failed error
+		for j := range p.intents {
+			sql, args, err := c.render.render(&p.intents[j])
+			if err != nil {
+				return &HaltError{Reason: "render intent of rule " + p.intents[j].Rule, Err: err}
+			}
+			if _, err := tx.Exec(ctx, sql, args...); err != nil {
+				failed = fmt.Errorf("rule %s on %s: %w", p.intents[j].Rule, p.intents[j].Table, err)
+				break
+			}
+		}
+		if failed == nil {
+			if _, err := tx.Exec(ctx, "RELEASE SAVEPOINT pgscribe_event"); err != nil {
+				return err
+			}
+			circ.state, circ.count = "", 0
+			continue
+		}
+		if Classify(failed) != ClassIntegrity {
+			return failed
+		}
+		if _, err := tx.Exec(ctx, "ROLLBACK TO SAVEPOINT pgscribe_event"); err != nil {
+			return err
+		}
+		state := SQLState(failed)
+		if circ.state == state {
+			circ.count++
+		} else {
+			circ.state, circ.count = state, 1
+		}
+		if circ.count >= c.opts.CircuitThreshold {
+			return c.halt(fmt.Sprintf("circuit open: %d consecutive events failed with the same integrity error (schema mismatch?)", circ.count), failed)
+		}
+		p.out = outDead
+		p.kind = "commit:" + Describe(failed)
+		p.message = failed.Error()
+		p.sqlstate = state
+		p.intents = nil
+	}
+	return nil
+}

@@ -1,0 +1,151 @@
+package apply
+
+import (
+	"context"
+	"fmt"
+	"hash/fnv"
+	"time"
+)
+
+// Partition returns the partition of a stream: a stable FNV-1a hash of the
+// stream id modulo n. Stable across processes and restarts, so a stream is
+// always handled by the same worker and its events never run concurrently.
+func Partition(streamID string, n int) int {
+	h := fnv.New32a()
+	_, _ = h.Write([]byte(streamID))
+	return int(h.Sum32() % uint32(n))
+}
+
+// Partitions runs one worker per partition. Dispatch blocks when a
+// partition's queue is full: that backpressure is what bounds memory under
+// any backlog, all the way back to the replication reader.
+type Partitions struct {
+	queues    []chan Input
+	committer *Committer
+	batchSize func() int
+	linger    time.Duration
+	committed func(batch []Input, res Result)
+}
+
+// PartitionOptions configures Partitions.
+type PartitionOptions struct {
+	Count     int
+	QueueSize int
+	// BatchSize returns the current maximum batch size; the engine uses a
+	// larger one while backfilling than when live.
+	BatchSize func() int
+	// Linger bounds how long a worker keeps filling a batch from a queue
+	// that never runs dry (batch_timeout); 0 = only BatchSize bounds it.
+	Linger time.Duration
+	// Committed is called after each committed batch, from the worker's
+	// goroutine, with the batch and what it did.
+	Committed func(batch []Input, res Result)
+}
+
+// NewPartitions builds the partition workers.
+func NewPartitions(c *Committer, o PartitionOptions) *Partitions {
+	p := &Partitions{committer: c, batchSize: o.BatchSize, linger: o.Linger, committed: o.Committed}
+	p.queues = make([]chan Input, o.Count)
+	for i := range p.queues {
+		p.queues[i] = make(chan Input, o.QueueSize)
+	}
+	return p
+}
+
+// Dispatch hands an event to its stream's partition, blocking while that
+// partition's queue is full.
+func (p *Partitions) Dispatch(ctx context.Context, in Input) error {
+	q := p.queues[Partition(in.Event.StreamID, len(p.queues))]
+	select {
+	case q <- in:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// TryDispatch is Dispatch without blocking; it reports whether the event
+// was queued.
+func (p *Partitions) TryDispatch(in Input) bool {
+	q := p.queues[Partition(in.Event.StreamID, len(p.queues))]
+	select {
+	case q <- in:
+		return true
+	default:
+		return false
+	}
+}
+
+// Run runs the workers until ctx ends or one fails; the first failure is
+// returned. A worker finishes (or rolls back) its in-flight batch before it
+// returns: the batch context is detached from ctx's cancellation, bounded by
+// stop instead, so SIGTERM never aborts a commit half way.
+func (p *Partitions) Run(ctx context.Context, stop <-chan struct{}) error {
+	errc := make(chan error, len(p.queues))
+	wctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	for i := range p.queues {
+		go func(i int) {
+			err := p.work(wctx, i, stop)
+			if err != nil {
+				err = fmt.Errorf("partition %d: %w", i, err)
+				cancel()
+			}
+			errc <- err
+		}(i)
+	}
+	var first error
+	for range p.queues {
+		if err := <-errc; err != nil && first == nil {
+			first = err
+		}
+	}
+	return first
+}
+
+func (p *Partitions) work(ctx context.Context, i int, stop <-chan struct{}) error {
+	q := p.queues[i]
+	var circ circuit
+	batch := make([]Input, 0, 64)
+	for {
+		batch = batch[:0]
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-stop:
+			return nil
+		case in := <-q:
+			batch = append(batch, in)
+		}
+		// Natural batching: take what is queued, up to the batch size, and
+		// commit as soon as the queue runs dry or the batch has been filling
+		// for BatchTimeout. Idle traffic commits one event at a time with no
+		// added latency; a backlog fills whole batches.
+		max := p.batchSize()
+		deadline := time.Now().Add(p.linger)
+	fill:
+		for len(batch) < max {
+			select {
+			case in := <-q:
+				batch = append(batch, in)
+				if p.linger > 0 && len(batch)%64 == 0 && time.Now().After(deadline) {
+					break fill
+				}
+			default:
+				break fill
+			}
+		}
+		// A graceful stop (stop closed) lets this commit run to completion;
+		// only cancelling ctx (a hard stop) aborts it, and then it rolls back.
+		res, err := p.committer.Commit(ctx, batch, &circ)
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
+			return err
+		}
+		if p.committed != nil {
+			p.committed(batch, res)
+		}
+	}
+}

@@ -1,0 +1,124 @@
+package engine
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+
+	"github.com/pgscribe/pgscribe/config"
+	"github.com/pgscribe/pgscribe/lag"
+	"github.com/pgscribe/pgscribe/rules"
+)
+
+// Compile compiles every projection's rules; the error joins every
+// compile error of every projection.
+func Compile(cfg *config.Config) ([]*rules.Program, error) {
+	progs := make([]*rules.Program, 0, len(cfg.Projections))
+	var errs []error
+	for _, spec := range cfg.Projections {
+		prog, err := rules.Compile(spec)
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		progs = append(progs, prog)
+	}
+	return progs, errors.Join(errs...)
+}
+
+// RunOptions configures RunAll.
+type RunOptions struct {
+	Version string
+	Logger  *slog.Logger
+	// Hard is cancelled on a hard stop; until then a graceful stop (ctx)
+	// lets in-flight batches finish.
+	Hard context.Context
+	// Registry receives the metrics; nil creates one.
+	Registry *prometheus.Registry
+	// Ready, if set, receives the metrics listener's address once bound.
+	Ready func(addr string)
+}
+
+// RunAll runs every configured projection until ctx ends. Projections are
+// independent: one halting does not stop the others. It returns when all
+// have stopped.
+func RunAll(ctx context.Context, cfg *config.Config, o RunOptions) error {
+	progs, err := Compile(cfg)
+	if err != nil {
+		return err
+	}
+	reg := o.Registry
+	if reg == nil {
+		reg = prometheus.NewRegistry()
+		reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	}
+	m := lag.NewMetrics(reg, o.Version)
+	hard := o.Hard
+	if hard == nil {
+		hard = context.Background()
+	}
+	var sem chan struct{}
+	if n := cfg.Engine.MaxActiveProjections; n > 0 {
+		sem = make(chan struct{}, n)
+	}
+	projs := make([]*Projection, len(progs))
+	for i, prog := range progs {
+		projs[i] = New(cfg, cfg.Projections[i], prog, m, o.Logger, hard)
+		projs[i].slots = sem
+	}
+	if cfg.Metrics.Enabled() {
+		srv, err := lag.Listen(cfg.Metrics.Listen, reg, func() (bool, bool, any) { return health(projs) })
+		if err != nil {
+			return err
+		}
+		o.Logger.Info("metrics listening", "addr", srv.Addr())
+		if o.Ready != nil {
+			o.Ready(srv.Addr())
+		}
+		defer srv.Close(context.WithoutCancel(ctx))
+	}
+	var wg sync.WaitGroup
+	errs := make([]error, len(projs))
+	for i, p := range projs {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := p.Run(ctx); err != nil {
+				errs[i] = fmt.Errorf("projection %s v%d: %w", p.spec.Name, p.spec.Version, err)
+			}
+		}()
+	}
+	wg.Wait()
+	o.Logger.Info("all projections stopped")
+	return errors.Join(errs...)
+}
+
+type projectionHealth struct {
+	Projection string `json:"projection"`
+	Version    int64  `json:"version"`
+	State      State  `json:"state"`
+	Ready      bool   `json:"ready"`
+	Error      string `json:"error,omitempty"`
+}
+
+func health(projs []*Projection) (healthy, ready bool, detail any) {
+	healthy, ready = true, true
+	out := make([]projectionHealth, 0, len(projs))
+	for _, p := range projs {
+		h := projectionHealth{Projection: p.spec.Name, Version: p.spec.Version, State: p.State(), Ready: p.Ready()}
+		if h.State == StateHalted {
+			healthy = false
+			if e, ok := p.haltErr.Load().(error); ok {
+				h.Error = e.Error()
+			}
+		}
+		ready = ready && h.Ready
+		out = append(out, h)
+	}
+	return healthy, ready, out
+}

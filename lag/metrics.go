@@ -1,0 +1,170 @@
+package lag
+
+import (
+	"strconv"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// Metrics holds every pgscribe metric. Labels come only from bounded sets:
+// projection, version, outcome, result, error kind (rule names and SQLSTATEs
+// are bounded by the configuration and PostgreSQL). Never a stream id.
+type Metrics struct {
+	Events        *prometheus.CounterVec
+	Batches       *prometheus.CounterVec
+	BatchDuration *prometheus.HistogramVec
+	BatchEvents   *prometheus.HistogramVec
+	LagSeconds    *prometheus.GaugeVec
+	LagBytes      *prometheus.GaugeVec
+	Backlog       *prometheus.GaugeVec
+	WatermarkLSN  *prometheus.GaugeVec
+	LastCommit    *prometheus.GaugeVec
+	Active        *prometheus.GaugeVec
+	Halted        *prometheus.GaugeVec
+	DeadLetters   *prometheus.CounterVec
+	StreamGaps    *prometheus.CounterVec
+	Reconnects    *prometheus.CounterVec
+	BackfillDone  *prometheus.GaugeVec
+	BackfillTotal *prometheus.GaugeVec
+}
+
+// NewMetrics creates the metrics and registers them on reg.
+func NewMetrics(reg prometheus.Registerer, version string) *Metrics {
+	pv := []string{"projection", "version"}
+	m := &Metrics{
+		Events: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "pgscribe_events_total",
+			Help: "Source events accounted for, by outcome (applied, skipped, dead_lettered)."}, append(pv, "outcome")),
+		Batches: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "pgscribe_batches_total",
+			Help: "Batches by result (committed, retried, isolated, halted)."}, append(pv, "result")),
+		BatchDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "pgscribe_batch_duration_seconds",
+			Help:    "Time from a batch's first attempt to its commit.",
+			Buckets: []float64{.0002, .0005, .001, .002, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10}}, pv),
+		BatchEvents: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "pgscribe_batch_events",
+			Help:    "Events per committed batch.",
+			Buckets: []float64{1, 2, 5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000}}, pv),
+		LagSeconds: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "pgscribe_lag_seconds",
+			Help: "Age of the oldest committed source event not yet applied; 0 when caught up."}, pv),
+		LagBytes: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "pgscribe_replication_lag_bytes",
+			Help: "Server WAL LSN minus the slot's confirmed LSN."}, pv),
+		Backlog: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "pgscribe_backlog_events",
+			Help: "Source events not yet accounted for."}, pv),
+		WatermarkLSN: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "pgscribe_watermark_lsn",
+			Help: "Contiguous watermark LSN (as a number): everything at or below it is durably accounted for."}, pv),
+		LastCommit: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "pgscribe_last_commit_timestamp_seconds",
+			Help: "Unix time of the projection's last committed batch."}, pv),
+		Active: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "pgscribe_active",
+			Help: "1 on the node holding the projection's lock, else 0."}, pv),
+		Halted: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "pgscribe_halted",
+			Help: "1 when the projection is halted on a structural failure."}, pv),
+		DeadLetters: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "pgscribe_dead_letters_total",
+			Help: "Dead-lettered events by error kind."}, append(pv, "error_kind")),
+		StreamGaps: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "pgscribe_stream_gaps_total",
+			Help: "Events whose stream_position jumped past cursor + 1."}, pv),
+		Reconnects: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "pgscribe_restarts_total",
+			Help: "Pipeline restarts after a connection loss or transient failure."}, pv),
+		BackfillDone: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "pgscribe_backfill_events_done",
+			Help: "Events read by the running snapshot backfill."}, pv),
+		BackfillTotal: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "pgscribe_backfill_events_total",
+			Help: "Events visible in the snapshot being backfilled."}, pv),
+	}
+	info := prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "pgscribe_build_info",
+		Help: "Build information; always 1."}, []string{"version"})
+	info.WithLabelValues(version).Set(1)
+	reg.MustRegister(m.Events, m.Batches, m.BatchDuration, m.BatchEvents, m.LagSeconds, m.LagBytes,
+		m.Backlog, m.WatermarkLSN, m.LastCommit, m.Active, m.Halted, m.DeadLetters, m.StreamGaps,
+		m.Reconnects, m.BackfillDone, m.BackfillTotal, info)
+	return m
+}
+
+// Projection is the view of Metrics for one projection version. It
+// implements the apply stage's observer.
+type Projection struct {
+	m          *Metrics
+	name, ver  string
+	applied    prometheus.Counter
+	skipped    prometheus.Counter
+	dead       prometheus.Counter
+	duration   prometheus.Observer
+	size       prometheus.Observer
+	lastCommit prometheus.Gauge
+}
+
+// For returns the metrics of one projection version, creating its series
+// so that dashboards see zeros rather than gaps.
+func (m *Metrics) For(name string, version int64) *Projection {
+	v := strconv.FormatInt(version, 10)
+	p := &Projection{m: m, name: name, ver: v,
+		applied:    m.Events.WithLabelValues(name, v, "applied"),
+		skipped:    m.Events.WithLabelValues(name, v, "skipped"),
+		dead:       m.Events.WithLabelValues(name, v, "dead_lettered"),
+		duration:   m.BatchDuration.WithLabelValues(name, v),
+		size:       m.BatchEvents.WithLabelValues(name, v),
+		lastCommit: m.LastCommit.WithLabelValues(name, v),
+	}
+	for _, r := range []string{"committed", "retried", "isolated", "halted"} {
+		m.Batches.WithLabelValues(name, v, r)
+	}
+	for _, g := range []*prometheus.GaugeVec{m.LagSeconds, m.LagBytes, m.Backlog, m.WatermarkLSN, m.Active, m.Halted} {
+		g.WithLabelValues(name, v)
+	}
+	m.StreamGaps.WithLabelValues(name, v)
+	m.Reconnects.WithLabelValues(name, v)
+	return p
+}
+
+// BatchDone records a batch result; committed batches also record their
+// duration and size.
+func (p *Projection) BatchDone(result string, events int, d time.Duration) {
+	p.m.Batches.WithLabelValues(p.name, p.ver, result).Inc()
+	if result == "committed" {
+		p.duration.Observe(d.Seconds())
+		p.size.Observe(float64(events))
+		p.lastCommit.Set(float64(time.Now().UnixNano()) / 1e9)
+	}
+}
+
+// Outcomes adds a committed batch's event outcomes.
+func (p *Projection) Outcomes(applied, skipped, deadLettered int) {
+	p.applied.Add(float64(applied))
+	p.skipped.Add(float64(skipped))
+	p.dead.Add(float64(deadLettered))
+}
+
+// DeadLettered counts one dead letter of the given kind.
+func (p *Projection) DeadLettered(kind string) {
+	p.m.DeadLetters.WithLabelValues(p.name, p.ver, kind).Inc()
+}
+
+// Gap counts a stream gap.
+func (p *Projection) Gap() { p.m.StreamGaps.WithLabelValues(p.name, p.ver).Inc() }
+
+// Restarted counts a pipeline restart.
+func (p *Projection) Restarted() { p.m.Reconnects.WithLabelValues(p.name, p.ver).Inc() }
+
+// SetActive sets pgscribe_active.
+func (p *Projection) SetActive(on bool) { p.m.Active.WithLabelValues(p.name, p.ver).Set(b2f(on)) }
+
+// SetHalted sets pgscribe_halted.
+func (p *Projection) SetHalted(on bool) { p.m.Halted.WithLabelValues(p.name, p.ver).Set(b2f(on)) }
+
+// SetLag sets the lag gauges.
+func (p *Projection) SetLag(seconds float64, bytes, backlog int64, watermark uint64) {
+	p.m.LagSeconds.WithLabelValues(p.name, p.ver).Set(seconds)
+	p.m.LagBytes.WithLabelValues(p.name, p.ver).Set(float64(bytes))
+	p.m.Backlog.WithLabelValues(p.name, p.ver).Set(float64(backlog))
+	p.m.WatermarkLSN.WithLabelValues(p.name, p.ver).Set(float64(watermark))
+}
+
+// SetBackfill sets the backfill progress gauges.
+func (p *Projection) SetBackfill(done, total int64) {
+	p.m.BackfillDone.WithLabelValues(p.name, p.ver).Set(float64(done))
+	p.m.BackfillTotal.WithLabelValues(p.name, p.ver).Set(float64(total))
+}
+
+func b2f(b bool) float64 {
+	if b {
+		return 1
+	}
+	return 0
+}

@@ -1,0 +1,191 @@
+// Package lag tracks the contiguous watermark of a projection (the source
+// position up to which every event is durably accounted for), measures how
+// far behind the projection is, and exposes both as Prometheus metrics and
+// health endpoints.
+package lag
+
+import (
+	"context"
+	"sync"
+	"time"
+
+	"github.com/pgscribe/pgscribe/event"
+)
+
+// Tracker records source transactions in commit order and which of their
+// events are still in flight. The watermark is the end LSN of the longest
+// prefix of transactions that are complete (sealed by their commit message)
+// and fully applied: everything at or below it is durably accounted for, so
+// it is the only position the replication slot may be confirmed to.
+//
+// Tracker is safe for concurrent use: the replication reader registers
+// transactions and events while partition workers report completions.
+type Tracker struct {
+	mu        sync.Mutex
+	txns      map[uint64]*txn
+	order     []uint64 // tokens in commit order; order[head:] are pending
+	head      int
+	next      uint64
+	watermark event.LSN
+	wmTime    time.Time
+	idle      chan struct{} // closed when nothing is pending; replaced when work arrives
+}
+
+type txn struct {
+	endLSN     event.LSN
+	commitTime time.Time
+	pending    int
+	sealed     bool
+}
+
+// NewTracker returns a tracker whose watermark starts at start (the slot's
+// confirmed position, or 0).
+func NewTracker(start event.LSN) *Tracker {
+	t := &Tracker{txns: make(map[uint64]*txn), next: 1, watermark: start, idle: make(chan struct{})}
+	close(t.idle)
+	return t
+}
+
+// Begin registers a source transaction (in commit order) and returns its
+// token. commitTime is the source commit timestamp (zero for backfill).
+func (t *Tracker) Begin(commitTime time.Time) uint64 {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	tok := t.next
+	t.next++
+	t.txns[tok] = &txn{commitTime: commitTime}
+	t.order = append(t.order, tok)
+	t.busy()
+	return tok
+}
+
+// busy marks the tracker as having pending work. Caller holds mu.
+func (t *Tracker) busy() {
+	select {
+	case <-t.idle:
+		t.idle = make(chan struct{})
+	default:
+	}
+}
+
+// Add counts one more in-flight event of the transaction.
+func (t *Tracker) Add(tok uint64) {
+	t.mu.Lock()
+	if x := t.txns[tok]; x != nil {
+		x.pending++
+	}
+	t.mu.Unlock()
+}
+
+// Seal marks the transaction complete: all its events were registered and
+// endLSN is where the slot may be confirmed to once they are applied.
+func (t *Tracker) Seal(tok uint64, endLSN event.LSN) {
+	t.mu.Lock()
+	if x := t.txns[tok]; x != nil {
+		x.sealed = true
+		x.endLSN = endLSN
+	}
+	t.advance()
+	t.mu.Unlock()
+}
+
+// Done reports n events of the transaction as durably accounted for.
+func (t *Tracker) Done(tok uint64, n int) {
+	t.mu.Lock()
+	if x := t.txns[tok]; x != nil {
+		x.pending -= n
+	}
+	t.advance()
+	t.mu.Unlock()
+}
+
+// advance moves the watermark over the complete prefix. Caller holds mu.
+func (t *Tracker) advance() {
+	for t.head < len(t.order) {
+		tok := t.order[t.head]
+		x := t.txns[tok]
+		if !x.sealed || x.pending > 0 {
+			break
+		}
+		if x.endLSN > t.watermark {
+			t.watermark = x.endLSN
+		}
+		if !x.commitTime.IsZero() {
+			t.wmTime = x.commitTime
+		}
+		delete(t.txns, tok)
+		t.head++
+	}
+	if t.head > 1024 && t.head*2 > len(t.order) {
+		t.order = append(t.order[:0:0], t.order[t.head:]...)
+		t.head = 0
+	}
+	if t.head == len(t.order) {
+		select {
+		case <-t.idle:
+		default:
+			close(t.idle)
+		}
+	}
+}
+
+// Watermark returns the contiguous watermark, the commit time of the last
+// transaction below it, and whether nothing at all is in flight.
+func (t *Tracker) Watermark() (lsn event.LSN, commitTime time.Time, idle bool) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.watermark, t.wmTime, t.head == len(t.order)
+}
+
+// Oldest returns the commit time of the oldest transaction not yet fully
+// applied, and whether there is one. Backfill transactions (zero commit
+// time) are skipped.
+func (t *Tracker) Oldest() (time.Time, bool) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	for _, tok := range t.order[t.head:] {
+		if x := t.txns[tok]; x != nil && !x.commitTime.IsZero() {
+			return x.commitTime, true
+		}
+	}
+	return time.Time{}, false
+}
+
+// Pending returns the number of transactions not yet fully applied.
+func (t *Tracker) Pending() int {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return len(t.order) - t.head
+}
+
+// WaitIdle blocks until nothing is in flight or ctx ends.
+func (t *Tracker) WaitIdle(ctx context.Context) error {
+	for {
+		t.mu.Lock()
+		ch := t.idle
+		t.mu.Unlock()
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-ch:
+			t.mu.Lock()
+			done := t.head == len(t.order)
+			t.mu.Unlock()
+			if done {
+				return nil
+			}
+		}
+	}
+}
+
+// Advance raises the watermark to lsn when nothing is in flight (idle
+// confirmation from the server's WAL end). It reports whether it did.
+func (t *Tracker) Advance(lsn event.LSN) bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.head != len(t.order) || lsn <= t.watermark {
+		return false
+	}
+	t.watermark = lsn
+	return true
+}

@@ -1,0 +1,106 @@
+package lag
+
+import (
+	"context"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/pgscribe/pgscribe/event"
+)
+
+func TestTrackerContiguous(t *testing.T) {
+	tr := NewTracker(100)
+	a := tr.Begin(time.Unix(1, 0))
+	tr.Add(a)
+	tr.Add(a)
+	tr.Seal(a, 200)
+	b := tr.Begin(time.Unix(2, 0))
+	tr.Add(b)
+	tr.Seal(b, 300)
+
+	// b finishes first: the watermark must not pass a.
+	tr.Done(b, 1)
+	if wm, _, idle := tr.Watermark(); wm != 100 || idle {
+		t.Fatalf("watermark = %v idle=%v, want 100 busy", wm, idle)
+	}
+	if ts, ok := tr.Oldest(); !ok || !ts.Equal(time.Unix(1, 0)) {
+		t.Fatalf("oldest = %v %v", ts, ok)
+	}
+	tr.Done(a, 1)
+	if wm, _, _ := tr.Watermark(); wm != 100 {
+		t.Fatalf("half of a done: watermark = %v", wm)
+	}
+	tr.Done(a, 1)
+	wm, ct, idle := tr.Watermark()
+	if wm != 300 || !idle || !ct.Equal(time.Unix(2, 0)) {
+		t.Fatalf("watermark = %v %v idle=%v, want 300", wm, ct, idle)
+	}
+	if _, ok := tr.Oldest(); ok {
+		t.Fatal("oldest reported while caught up")
+	}
+}
+
+func TestTrackerUnsealedBlocks(t *testing.T) {
+	tr := NewTracker(0)
+	a := tr.Begin(time.Now())
+	tr.Add(a)
+	tr.Done(a, 1) // all events applied but the commit message not yet read
+	if wm, _, idle := tr.Watermark(); wm != 0 || idle {
+		t.Fatalf("unsealed txn advanced the watermark to %v (idle=%v)", wm, idle)
+	}
+	tr.Seal(a, 50)
+	if wm, _, _ := tr.Watermark(); wm != 50 {
+		t.Fatalf("watermark = %v, want 50", wm)
+	}
+}
+
+func TestTrackerIdleAdvance(t *testing.T) {
+	tr := NewTracker(10)
+	if !tr.Advance(20) {
+		t.Fatal("idle advance refused")
+	}
+	a := tr.Begin(time.Now())
+	tr.Add(a)
+	if tr.Advance(30) {
+		t.Fatal("advanced past an in-flight transaction")
+	}
+	if tr.Advance(15) {
+		t.Fatal("moved backwards")
+	}
+	tr.Seal(a, 25)
+	tr.Done(a, 1)
+	if wm, _, _ := tr.Watermark(); wm != 25 {
+		t.Fatalf("watermark = %v", wm)
+	}
+}
+
+func TestTrackerWaitIdleConcurrent(t *testing.T) {
+	tr := NewTracker(0)
+	const n = 200
+	toks := make([]uint64, n)
+	for i := range toks {
+		toks[i] = tr.Begin(time.Time{})
+		tr.Add(toks[i])
+		tr.Seal(toks[i], event.LSN(i+1))
+	}
+	var wg sync.WaitGroup
+	for w := 0; w < 4; w++ {
+		wg.Add(1)
+		go func(w int) {
+			defer wg.Done()
+			for i := w; i < n; i += 4 {
+				tr.Done(toks[i], 1)
+			}
+		}(w)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := tr.WaitIdle(ctx); err != nil {
+		t.Fatal(err)
+	}
+	wg.Wait()
+	if wm, _, idle := tr.Watermark(); wm != n || !idle {
+		t.Fatalf("watermark = %v idle=%v", wm, idle)
+	}
+}

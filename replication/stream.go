@@ -1,0 +1,357 @@
+package replication
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strings"
+	"time"
+
+	"github.com/jackc/pglogrepl"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgproto3"
+
+	"github.com/pgscribe/pgscribe/event"
+)
+
+// Sink receives the decoded stream and says what may be confirmed.
+// Begin, Event and Commit are called from the stream's goroutine in commit
+// order; Confirmable and AdvanceIdle may race with the Sink's own workers.
+type Sink interface {
+	// Begin starts a source transaction and returns its token.
+	Begin(commitLSN event.LSN, commitTime time.Time) uint64
+	// Event hands over one event of the transaction. It blocks while the
+	// pipeline is full; an error (ctx done) means the event was not taken
+	// and will be offered again.
+	Event(ctx context.Context, token uint64, ev *event.Event) error
+	// Commit seals the transaction at its end LSN.
+	Commit(token uint64, endLSN event.LSN)
+	// Confirmable returns the contiguous watermark.
+	Confirmable() event.LSN
+	// AdvanceIdle raises the watermark to walEnd if nothing is in flight.
+	AdvanceIdle(walEnd event.LSN)
+}
+
+// StreamOptions tunes the stream.
+type StreamOptions struct {
+	// StatusInterval is how often a standby status update is sent (each
+	// asks the server for a keepalive reply). Default 10s.
+	StatusInterval time.Duration
+	// StallTimeout: no message for this long is a broken stream. Default 30s.
+	StallTimeout time.Duration
+	Logger       *slog.Logger
+}
+
+// ErrStalled is returned when the server sent nothing within the stall
+// timeout.
+var ErrStalled = errors.New("replication stream stalled")
+
+// Stream runs START_REPLICATION on conn from the slot's confirmed position
+// and feeds sink until ctx ends or the connection fails. On return it has
+// sent a final status update with the watermark when it still could.
+func Stream(ctx context.Context, conn *pgconn.PgConn, src Source, sink Sink, o StreamOptions) error {
+	if o.StatusInterval <= 0 {
+		o.StatusInterval = 10 * time.Second
+	}
+	if o.StallTimeout <= 0 {
+		o.StallTimeout = 30 * time.Second
+	}
+	if o.Logger == nil {
+		o.Logger = slog.Default()
+	}
+	pub := strings.ReplaceAll(pgx.Identifier{src.Publication}.Sanitize(), "'", "''")
+	err := pglogrepl.StartReplication(ctx, conn, src.Slot, 0, pglogrepl.StartReplicationOptions{
+		Mode:       pglogrepl.LogicalReplication,
+		PluginArgs: []string{"proto_version '1'", "publication_names '" + pub + "'"},
+	})
+	if err != nil {
+		return fmt.Errorf("start replication on slot %s: %w", src.Slot, err)
+	}
+	s := &streamer{conn: conn, src: src, sink: sink, o: o, relations: map[uint32]*relation{}}
+	s.schema, s.table = src.tableName()
+	err = s.run(ctx)
+	// Best effort: tell the server what is durable before leaving.
+	_ = s.sendStatus()
+	return err
+}
+
+type relation struct {
+	ours bool
+	idx  [8]int // column index per field, -1 if absent
+}
+
+type streamer struct {
+	conn          *pgconn.PgConn
+	src           Source
+	sink          Sink
+	o             StreamOptions
+	schema, table string
+	relations     map[uint32]*relation
+	received      event.LSN // highest WAL position seen
+	keepaliveEnd  event.LSN // WAL end from the last keepalive
+	inTxn         bool
+	token         uint64
+	commitLSN     event.LSN
+	commitTime    time.Time
+	nextStatus    time.Time
+	lastMsg       time.Time
+}
+
+func (s *streamer) run(ctx context.Context) error {
+	s.lastMsg = time.Now()
+	s.nextStatus = time.Now()
+	for {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		if !time.Now().Before(s.nextStatus) {
+			if err := s.sendStatus(); err != nil {
+				return err
+			}
+		}
+		rctx, cancel := context.WithDeadline(ctx, s.nextStatus)
+		raw, err := s.conn.ReceiveMessage(rctx)
+		cancel()
+		if err != nil {
+			if pgconn.Timeout(err) && ctx.Err() == nil {
+				if time.Since(s.lastMsg) > s.o.StallTimeout {
+					return fmt.Errorf("%w: nothing for %s", ErrStalled, time.Since(s.lastMsg).Round(time.Second))
+				}
+				continue
+			}
+			if ctx.Err() != nil {
+				return ctx.Err()
+			}
+			return fmt.Errorf("receive: %w", err)
+		}
+		s.lastMsg = time.Now()
+		switch msg := raw.(type) {
+		case *pgproto3.CopyData:
+			if err := s.handleCopyData(ctx, msg.Data); err != nil {
+				return err
+			}
+		case *pgproto3.ErrorResponse:
+			return fmt.Errorf("replication: %w", pgconn.ErrorResponseToPgError(msg))
+		case *pgproto3.CopyDone:
+			return errors.New("replication: server ended the stream")
+		}
+	}
+}
+
+func (s *streamer) handleCopyData(ctx context.Context, data []byte) error {
+	if len(data) == 0 {
+		return nil
+	}
+	switch data[0] {
+	case pglogrepl.PrimaryKeepaliveMessageByteID:
+		ka, err := pglogrepl.ParsePrimaryKeepaliveMessage(data[1:])
+		if err != nil {
+			return fmt.Errorf("parse keepalive: %w", err)
+		}
+		end := event.LSN(ka.ServerWALEnd)
+		if end > s.received {
+			s.received = end
+		}
+		if !s.inTxn {
+			s.keepaliveEnd = end
+		}
+		if ka.ReplyRequested {
+			return s.sendStatus()
+		}
+		return nil
+	case pglogrepl.XLogDataByteID:
+		xld, err := pglogrepl.ParseXLogData(data[1:])
+		if err != nil {
+			return fmt.Errorf("parse xlogdata: %w", err)
+		}
+		if l := event.LSN(xld.WALStart); l > s.received {
+			s.received = l
+		}
+		return s.handleLogical(ctx, xld.WALData)
+	}
+	return nil
+}
+
+func (s *streamer) handleLogical(ctx context.Context, data []byte) error {
+	msg, err := pglogrepl.Parse(data)
+	if err != nil {
+		return fmt.Errorf("parse pgoutput message: %w", err)
+	}
+	switch m := msg.(type) {
+	case *pglogrepl.RelationMessage:
+		s.relations[m.RelationID] = s.mapRelation(m)
+	case *pglogrepl.BeginMessage:
+		s.inTxn = true
+		s.commitLSN = event.LSN(m.FinalLSN)
+		s.commitTime = m.CommitTime
+		s.token = s.sink.Begin(s.commitLSN, s.commitTime)
+	case *pglogrepl.InsertMessage:
+		rel := s.relations[m.RelationID]
+		if rel == nil || !rel.ours {
+			return nil
+		}
+		ev, err := s.decode(rel, m.Tuple)
+		if err != nil {
+			return err
+		}
+		return s.deliver(ctx, ev)
+	case *pglogrepl.CommitMessage:
+		s.inTxn = false
+		s.sink.Commit(s.token, event.LSN(m.TransactionEndLSN))
+		if l := event.LSN(m.TransactionEndLSN); l > s.received {
+			s.received = l
+		}
+	}
+	return nil
+}
+
+// deliver hands an event to the sink, keeping status updates flowing while
+// the sink applies backpressure.
+func (s *streamer) deliver(ctx context.Context, ev *event.Event) error {
+	for {
+		dctx, cancel := context.WithDeadline(ctx, s.nextStatus)
+		err := s.sink.Event(dctx, s.token, ev)
+		cancel()
+		if err == nil {
+			return nil
+		}
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		if err := s.sendStatus(); err != nil {
+			return err
+		}
+		// Blocked on our own pipeline is not a stalled server.
+		s.lastMsg = time.Now()
+	}
+}
+
+// sendStatus confirms the watermark: flush (what the slot keeps) is only
+// ever what the sink says is durably accounted for.
+func (s *streamer) sendStatus() error {
+	s.nextStatus = time.Now().Add(s.o.StatusInterval)
+	if !s.inTxn && s.keepaliveEnd > 0 {
+		s.sink.AdvanceIdle(s.keepaliveEnd)
+	}
+	flush := s.sink.Confirmable()
+	write := max(s.received, flush)
+	err := pglogrepl.SendStandbyStatusUpdate(context.Background(), s.conn, pglogrepl.StandbyStatusUpdate{
+		WALWritePosition: pglogrepl.LSN(write),
+		WALFlushPosition: pglogrepl.LSN(flush),
+		WALApplyPosition: pglogrepl.LSN(flush),
+		ReplyRequested:   true,
+	})
+	if err != nil {
+		return fmt.Errorf("send standby status: %w", err)
+	}
+	return nil
+}
+
+const (
+	fPosition = iota
+	fID
+	fStreamID
+	fStreamPosition
+	fType
+	fData
+	fMetadata
+	fOccurredAt
+)
+
+func (s *streamer) mapRelation(m *pglogrepl.RelationMessage) *relation {
+	r := &relation{}
+	for i := range r.idx {
+		r.idx[i] = -1
+	}
+	schema := s.schema
+	if schema == "" {
+		schema = "public"
+	}
+	if m.RelationName != s.table || m.Namespace != schema {
+		return r
+	}
+	r.ours = true
+	c := s.src.Columns
+	names := [8]string{c.Position, c.ID, c.StreamID, c.StreamPosition, c.Type, c.Data, c.Metadata, c.OccurredAt}
+	for ci, col := range m.Columns {
+		for f, n := range names {
+			if col.Name == n {
+				r.idx[f] = ci
+			}
+		}
+	}
+	return r
+}
+
+func (s *streamer) decode(rel *relation, tup *pglogrepl.TupleData) (*event.Event, error) {
+	text := func(f int) (string, bool) {
+		i := rel.idx[f]
+		if i < 0 || tup == nil || i >= len(tup.Columns) {
+			return "", false
+		}
+		col := tup.Columns[i]
+		if col.DataType != pglogrepl.TupleDataTypeText {
+			return "", false
+		}
+		return string(col.Data), true
+	}
+	ev := &event.Event{CommitLSN: s.commitLSN, CommitTime: s.commitTime}
+	var err error
+	req := func(f int, name string) string {
+		v, ok := text(f)
+		if !ok && err == nil {
+			err = fmt.Errorf("events row lacks column %q (check [source.columns])", name)
+		}
+		return v
+	}
+	c := s.src.Columns
+	pos := req(fPosition, c.Position)
+	ev.ID = req(fID, c.ID)
+	ev.StreamID = req(fStreamID, c.StreamID)
+	sp := req(fStreamPosition, c.StreamPosition)
+	ev.Type = req(fType, c.Type)
+	occ := req(fOccurredAt, c.OccurredAt)
+	if err != nil {
+		return nil, err
+	}
+	if ev.Position, err = parseInt(pos); err != nil {
+		return nil, fmt.Errorf("event position %q: %w", pos, err)
+	}
+	if ev.StreamPosition, err = parseInt(sp); err != nil {
+		return nil, fmt.Errorf("event stream_position %q: %w", sp, err)
+	}
+	if ev.OccurredAt, err = parseTimestamptz(occ); err != nil {
+		return nil, err
+	}
+	var data, meta *string
+	if v, ok := text(fData); ok {
+		data = &v
+	}
+	if v, ok := text(fMetadata); ok {
+		meta = &v
+	}
+	if err := decodeDocuments(ev, data, meta); err != nil {
+		return nil, err
+	}
+	return ev, nil
+}
+
+// Confirm sends a standby status update confirming lsn. Used after the
+// stream stopped and the last in-flight batches committed, so a graceful
+// stop leaves the slot at exactly what is durable.
+func Confirm(ctx context.Context, conn *pgconn.PgConn, lsn event.LSN) error {
+	if lsn == 0 {
+		return nil
+	}
+	err := pglogrepl.SendStandbyStatusUpdate(ctx, conn, pglogrepl.StandbyStatusUpdate{
+		WALWritePosition: pglogrepl.LSN(lsn),
+		WALFlushPosition: pglogrepl.LSN(lsn),
+		WALApplyPosition: pglogrepl.LSN(lsn),
+	})
+	if err != nil {
+		return fmt.Errorf("confirm %s: %w", lsn, err)
+	}
+	return nil
+}
