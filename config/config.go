@@ -1,12 +1,29 @@
 // Package config loads and validates pgscribe's TOML configuration file.
 // Errors name the file, the line and the key at fault.
+//
+// Load checks structure only: types, required keys, allowed values and
+// names. Rule expressions are compiled by rules.Compile, and table and
+// column names are checked against the target database by `pgscribe check`.
+// A loaded Config is read-only and safe for concurrent use.
 package config
 
 import (
+	"fmt"
+	"os"
 	"time"
 
 	"github.com/pgscribe/pgscribe/rules"
 )
+
+// Environment variables read by this package.
+const (
+	EnvConfig      = "PGSCRIBE_CONFIG"       // config path when -config is not given
+	EnvDatabaseURL = "PGSCRIBE_DATABASE_URL" // overrides [database] url
+)
+
+// DefaultPath is the config path when neither -config nor PGSCRIBE_CONFIG
+// is given.
+const DefaultPath = "./pgscribe.toml"
 
 // Config is the whole configuration file after defaults are applied.
 type Config struct {
@@ -18,6 +35,8 @@ type Config struct {
 	Metrics     Metrics
 	Log         Log
 	Projections []rules.Spec
+
+	lines lineIndex // key path → line, for errors found after Load
 }
 
 // Database says where the source (events table, slot) and the target
@@ -75,3 +94,110 @@ type Log struct {
 	Level  string // debug|info|warn|error, default info
 	Format string // text|json, default text
 }
+
+// Default returns a configuration with every default applied and no
+// projections: what an empty file loads to, apart from Path.
+func Default() *Config {
+	return &Config{
+		Source: Source{
+			Table:       "events",
+			Publication: "pgscribe_events",
+			SlotPrefix:  "pgscribe",
+			Columns: Columns{
+				Position:       "position",
+				ID:             "id",
+				StreamID:       "stream_id",
+				StreamPosition: "stream_position",
+				Type:           "type",
+				Data:           "data",
+				Metadata:       "metadata",
+				OccurredAt:     "occurred_at",
+			},
+		},
+		Engine: Engine{
+			Schema:            "pgscribe",
+			Node:              defaultNode(),
+			Parallelism:       4,
+			BatchSize:         500,
+			BatchTimeout:      20 * time.Millisecond,
+			BackfillBatchSize: 5000,
+			QueueSize:         2 * 500,
+			StandbyPoll:       5 * time.Second,
+			LeaseTimeout:      15 * time.Second,
+			LagInterval:       5 * time.Second,
+			StallTimeout:      30 * time.Second,
+			StatusInterval:    10 * time.Second,
+			ShutdownTimeout:   30 * time.Second,
+		},
+		Retry: Retry{
+			MaxAttempts: 5,
+			Backoff:     200 * time.Millisecond,
+			MaxBackoff:  30 * time.Second,
+		},
+		Metrics: Metrics{Listen: "127.0.0.1:9187"},
+		Log:     Log{Level: "info", Format: "text"},
+	}
+}
+
+// defaultNode is the host name; "pgscribe" if the system cannot tell it,
+// because a node name only labels leases and logs and must not stop startup.
+func defaultNode() string {
+	if h, err := os.Hostname(); err == nil && h != "" {
+		return h
+	}
+	return "pgscribe"
+}
+
+// ConfigPath chooses the configuration file: the -config flag's value if
+// given, else $PGSCRIBE_CONFIG, else ./pgscribe.toml.
+func ConfigPath(flagValue string) string {
+	if flagValue != "" {
+		return flagValue
+	}
+	if p := os.Getenv(EnvConfig); p != "" {
+		return p
+	}
+	return DefaultPath
+}
+
+// RequireDatabase reports a missing source database for commands that
+// connect. The URL may come from [database] url or PGSCRIBE_DATABASE_URL
+// (applied by Load). An empty URL is also accepted when PGHOST or PGSERVICE
+// is set, since pgx then builds the connection from the libpq environment.
+// The error is a *Error naming database.url.
+func (c *Config) RequireDatabase() error {
+	if c.Database.URL != "" || os.Getenv("PGHOST") != "" || os.Getenv("PGSERVICE") != "" {
+		return nil
+	}
+	p := keyPath{"database", "url"}
+	return &Error{
+		File: c.Path,
+		Line: c.lines.line(p),
+		Key:  p.String(),
+		Msg:  "is required: set it, or " + EnvDatabaseURL,
+	}
+}
+
+// TargetURL is the connection string of the target database (read models
+// and engine tables): [database] target_url, or the source URL when unset.
+func (c *Config) TargetURL() string {
+	if c.Database.TargetURL != "" {
+		return c.Database.TargetURL
+	}
+	return c.Database.URL
+}
+
+// SlotName is the replication slot of a projection version:
+// <slot_prefix>_<name>_v<version>. Load guarantees it fits PostgreSQL's
+// 63-byte limit for every configured projection.
+func (c *Config) SlotName(p rules.Spec) string {
+	return slotName(c.Source.SlotPrefix, p.Name, p.Version)
+}
+
+func slotName(prefix, name string, version int64) string {
+	return fmt.Sprintf("%s_%s_v%d", prefix, name, version)
+}
+
+// Enabled reports whether the metrics listener should run: Listen is
+// neither empty nor "off".
+func (m Metrics) Enabled() bool { return m.Listen != "" && m.Listen != "off" }

@@ -1,0 +1,333 @@
+package config
+
+import (
+	"regexp"
+	"slices"
+	"strings"
+
+	"github.com/pgscribe/pgscribe/event"
+	"github.com/pgscribe/pgscribe/rules"
+)
+
+// projectionNameRE keeps projection names valid inside replication slot
+// names, which allow only lower-case letters, digits and underscores.
+var projectionNameRE = regexp.MustCompile(`^[a-z][a-z0-9_]*$`)
+
+// ops lists the rule operations in the order the docs present them.
+var ops = []string{
+	string(event.OpInsert), string(event.OpUpsert), string(event.OpUpdate),
+	string(event.OpDelete), string(event.OpSQL), string(event.OpFail),
+}
+
+// use says whether a rule field may, must or must not be given for an op.
+type use int
+
+const (
+	forbidden use = iota
+	optional
+	required
+)
+
+// shape is what each op needs. write stands for set and inc together: when
+// required, at least one of them must name a column.
+type shape struct{ table, key, write, sql, message use }
+
+var shapes = map[event.Op]shape{
+	event.OpInsert: {table: required, key: optional, write: required},
+	event.OpUpsert: {table: required, key: required, write: required},
+	event.OpUpdate: {table: required, key: required, write: required},
+	event.OpDelete: {table: required, key: required},
+	event.OpSQL:    {sql: required},
+	event.OpFail:   {message: required},
+}
+
+type projectionID struct {
+	name    string
+	version int64
+}
+
+// projections decodes [[projection]]; slotPrefix is the final
+// source.slot_prefix, needed to check slot name lengths.
+func (d *decoder) projections(root *table, slotPrefix string) []rules.Spec {
+	v, p, ok := root.get("projection")
+	if !ok {
+		return nil
+	}
+	elems, ok := tableArray(v)
+	if !ok {
+		d.fail(p, "must be an array of tables ([[projection]]), not %s", typeName(v))
+		return nil
+	}
+	specs := make([]rules.Spec, 0, len(elems))
+	first := map[projectionID]keyPath{}
+	for i, e := range elems {
+		pp := p.index(i)
+		if _, ok := e.(map[string]any); !ok {
+			d.fail(pp, "must be a table, not %s", typeName(e))
+			continue
+		}
+		spec := d.projection(d.table(pp, e), slotPrefix)
+		if spec.Name == "" || spec.Version < 1 {
+			continue // already reported
+		}
+		id := projectionID{spec.Name, spec.Version}
+		if prev, dup := first[id]; dup {
+			d.fail(pp.key("name"), "duplicate projection %q version %d (first defined at line %d)",
+				spec.Name, spec.Version, d.lines.line(prev))
+			continue
+		}
+		first[id] = pp
+		specs = append(specs, spec)
+	}
+	return specs
+}
+
+func (d *decoder) projection(t *table, slotPrefix string) rules.Spec {
+	s := rules.Spec{OnError: rules.OnErrorDeadLetter}
+	if !t.matching("name", &s.Name, projectionNameRE,
+		"must start with a lower-case letter and contain only lower-case letters, digits and underscores (it becomes part of a replication slot name)") &&
+		!t.has("name") {
+		d.fail(t.path.key("name"), "is required")
+	}
+
+	var version int64
+	if t.integer("version", &version) {
+		if version >= 1 {
+			s.Version = version
+		} else {
+			d.fail(t.path.key("version"), "must be at least 1, not %d", version)
+		}
+	} else if !t.has("version") {
+		d.fail(t.path.key("version"), "is required")
+	}
+
+	if s.Name != "" && s.Version >= 1 {
+		if slot := slotName(slotPrefix, s.Name, s.Version); len(slot) > maxIdentLen {
+			d.fail(t.path.key("name"), "makes replication slot name %q, %d bytes; PostgreSQL allows %d",
+				slot, len(slot), maxIdentLen)
+		}
+	}
+
+	t.oneOf("on_error", &s.OnError, rules.OnErrorDeadLetter, rules.OnErrorHalt)
+
+	v, rp, ok := t.get("rule")
+	elems, isArray := tableArray(v)
+	switch {
+	case !ok:
+		d.fail(rp, "at least one [[projection.rule]] is required")
+	case !isArray:
+		d.fail(rp, "must be an array of tables ([[projection.rule]]), not %s", typeName(v))
+	case len(elems) == 0:
+		d.fail(rp, "at least one [[projection.rule]] is required")
+	}
+	named := map[string]keyPath{}
+	for i, e := range elems {
+		if _, ok := e.(map[string]any); !ok {
+			d.fail(rp.index(i), "must be a table, not %s", typeName(e))
+			continue
+		}
+		r := d.rule(d.table(rp.index(i), e))
+		if r.Name != "" {
+			if prev, dup := named[r.Name]; dup {
+				d.fail(rp.index(i).key("name"), "duplicate rule name %q (first used at line %d)", r.Name, d.lines.line(prev))
+			} else {
+				named[r.Name] = rp.index(i).key("name")
+			}
+		}
+		s.Rules = append(s.Rules, r)
+	}
+	t.done()
+	return s
+}
+
+func (d *decoder) rule(t *table) rules.RuleSpec {
+	var r rules.RuleSpec
+	t.name("name", &r.Name)
+	r.On = d.on(t)
+	t.name("when", &r.When)
+	opSet := t.oneOf("op", &r.Op, ops...)
+	if !opSet && !t.has("op") {
+		d.fail(t.path.key("op"), "is required (one of %s)", strings.Join(ops, ", "))
+	}
+	t.name("table", &r.Table)
+	r.Key = d.columns(t, "key")
+	r.Set = d.columns(t, "set")
+	r.Inc = d.columns(t, "inc")
+	t.name("sql", &r.SQL)
+	r.Args = d.args(t)
+	t.name("message", &r.Message)
+	t.done()
+
+	if opSet {
+		d.checkShape(t, r)
+	}
+	d.checkOverlap(t, r)
+	return r
+}
+
+// on decodes `on`: one event type or a list of them. A list is returned as
+// []any of strings, the form toml gives for an `any` field.
+func (d *decoder) on(t *table) any {
+	v, p, ok := t.get("on")
+	if !ok {
+		return nil
+	}
+	switch on := v.(type) {
+	case string:
+		if on == "" {
+			d.fail(p, "must not be empty (omit on to match every event type)")
+			return nil
+		}
+		return on
+	case []any:
+		if len(on) == 0 {
+			d.fail(p, "must list at least one event type (omit on to match every event type)")
+			return nil
+		}
+		for i, e := range on {
+			if s, ok := e.(string); !ok || s == "" {
+				d.fail(p.index(i), "must be a non-empty event type string")
+				return nil
+			}
+		}
+		return on
+	default:
+		d.fail(p, "must be an event type or a list of event types, not %s", typeName(v))
+		return nil
+	}
+}
+
+// columns decodes a key, set or inc table: column name → expression.
+func (d *decoder) columns(t *table, key string) map[string]string {
+	v, p, ok := t.get(key)
+	if !ok {
+		return nil
+	}
+	m, ok := v.(map[string]any)
+	if !ok {
+		d.fail(p, "must be a table of column = expression, not %s", typeName(v))
+		return nil
+	}
+	cols := make(map[string]string, len(m))
+	for _, col := range sortedKeys(m) {
+		cp := p.key(col)
+		expr, ok := m[col].(string)
+		switch {
+		case col == "":
+			d.fail(cp, "column name must not be empty")
+		case !ok:
+			d.fail(cp, "must be an expression string, not %s", typeName(m[col]))
+		case strings.TrimSpace(expr) == "":
+			d.fail(cp, "expression must not be empty")
+		default:
+			cols[col] = expr
+		}
+	}
+	return cols
+}
+
+func (d *decoder) args(t *table) []string {
+	v, p, ok := t.get("args")
+	if !ok {
+		return nil
+	}
+	list, ok := v.([]any)
+	if !ok {
+		d.fail(p, "must be a list of expression strings, not %s", typeName(v))
+		return nil
+	}
+	args := make([]string, 0, len(list))
+	for i, e := range list {
+		s, ok := e.(string)
+		switch {
+		case !ok:
+			d.fail(p.index(i), "must be an expression string, not %s", typeName(e))
+		case strings.TrimSpace(s) == "":
+			d.fail(p.index(i), "expression must not be empty")
+		default:
+			args = append(args, s)
+		}
+	}
+	return args
+}
+
+// checkShape reports fields an op requires but lacks, and fields it does
+// not use: a stray field is almost always a mistake (a wrong op, or a key
+// meant for the next rule), so it is an error rather than ignored.
+func (d *decoder) checkShape(t *table, r rules.RuleSpec) {
+	sh := shapes[event.Op(r.Op)]
+	field := func(key string, u use, given bool) {
+		switch {
+		case u == forbidden && t.has(key):
+			d.fail(t.path.key(key), "is not allowed with op = %q", r.Op)
+		case u == required && !t.has(key):
+			d.fail(t.path.key(key), "is required with op = %q", r.Op)
+		case u == required && !given && !d.failedUnder(t.path.key(key)):
+			d.fail(t.path.key(key), "must not be empty with op = %q", r.Op)
+		}
+	}
+	field("table", sh.table, r.Table != "")
+	field("key", sh.key, len(r.Key) > 0)
+	field("sql", sh.sql, r.SQL != "")
+	field("args", min(sh.sql, optional), true)
+	field("message", sh.message, r.Message != "")
+	switch sh.write {
+	case forbidden:
+		field("set", forbidden, false)
+		field("inc", forbidden, false)
+	case required:
+		if len(r.Set) == 0 && len(r.Inc) == 0 &&
+			!d.failedUnder(t.path.key("set")) && !d.failedUnder(t.path.key("inc")) {
+			key := "set"
+			if !t.has("set") && t.has("inc") {
+				key = "inc"
+			}
+			d.fail(t.path.key(key), "set or inc must name at least one column with op = %q", r.Op)
+		}
+	}
+}
+
+// checkOverlap reports a column named in more than one of key, set and inc:
+// the statement would assign it twice.
+func (d *decoder) checkOverlap(t *table, r rules.RuleSpec) {
+	groups := []struct {
+		key  string
+		cols map[string]string
+	}{{"key", r.Key}, {"set", r.Set}, {"inc", r.Inc}}
+	for i, g := range groups {
+		for _, col := range sortedKeys(g.cols) {
+			for _, earlier := range groups[:i] {
+				if _, dup := earlier.cols[col]; dup {
+					d.fail(t.path.key(g.key).key(col), "column %q is already in %s", col, earlier.key)
+					break
+				}
+			}
+		}
+	}
+}
+
+// tableArray accepts both [[x]] arrays of tables and inline arrays; the
+// elements are checked to be tables when decoded.
+func tableArray(v any) ([]any, bool) {
+	switch a := v.(type) {
+	case []map[string]any:
+		out := make([]any, len(a))
+		for i, m := range a {
+			out[i] = m
+		}
+		return out, true
+	case []any:
+		return a, true
+	default:
+		return nil, false
+	}
+}
+
+func sortedKeys[V any](m map[string]V) []string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	return keys
+}
