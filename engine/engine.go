@@ -163,7 +163,7 @@ func (p *Projection) releaseSlot() {
 func (p *Projection) acquire(ctx context.Context) (*leader.Lease, error) {
 	logged := false
 	for {
-		l, err := leader.TryAcquire(ctx, p.cfg.TargetURL(), p.cfg.Engine.Schema, p.spec.Name, p.spec.Version, p.cfg.Engine.Node)
+		l, err := leader.TryAcquire(ctx, p.cfg.TargetURL(), p.cfg.Engine.Schema, p.spec.Name, p.spec.Version, p.cfg.Engine.Node, p.cfg.Engine.LeaseTimeout)
 		if err != nil {
 			if ctx.Err() != nil {
 				return nil, nil
@@ -216,6 +216,10 @@ func (p *Projection) session(ctx context.Context, lease *leader.Lease) error {
 	}
 	poolCfg.MaxConns = int32(cfg.Engine.Parallelism + 2)
 	poolCfg.ConnConfig.RuntimeParams["application_name"] = "pgscribe"
+	// A node frozen inside a batch must not hold the lease row (FOR SHARE)
+	// past its lease: the server ends such a transaction, so a takeover's
+	// epoch bump is never blocked for longer than lease_timeout.
+	poolCfg.ConnConfig.RuntimeParams["idle_in_transaction_session_timeout"] = fmt.Sprint(cfg.Engine.LeaseTimeout.Milliseconds())
 	pool, err := pgxpool.NewWithConfig(ctx, poolCfg)
 	if err != nil {
 		return fmt.Errorf("target pool: %w", err)
@@ -311,7 +315,7 @@ func (p *Projection) session(ctx context.Context, lease *leader.Lease) error {
 		workErr <- err
 	}()
 	leaseErr := make(chan error, 1)
-	go func() { leaseErr <- lease.Watch(sessCtx, min(cfg.Engine.StandbyPoll, 5*time.Second)) }()
+	go func() { leaseErr <- lease.Watch(sessCtx, cfg.Engine.LeaseTimeout/3) }()
 	go func() {
 		if err := <-leaseErr; err != nil {
 			p.log.Error("lock session lost: stopping this projection on this node", "err", err)

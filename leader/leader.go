@@ -44,12 +44,25 @@ func Key(schema, projection string, version int64) int64 {
 
 // TryAcquire opens a dedicated session and tries the advisory lock. It
 // returns (nil, nil) when another node holds it.
-func TryAcquire(ctx context.Context, url, schema, projection string, version int64, node string) (*Lease, error) {
+//
+// leaseTimeout bounds the lock server-side: the session runs with
+// idle_session_timeout = leaseTimeout, and Watch pings it well within that.
+// A node that freezes (SIGSTOP, a stuck disk, a long pause) stops pinging,
+// PostgreSQL ends its session, and the lock is free for a standby within
+// leaseTimeout — whatever the frozen node's TCP stack still believes. When it
+// wakes, its batches fail the epoch check.
+func TryAcquire(ctx context.Context, url, schema, projection string, version int64, node string, leaseTimeout time.Duration) (*Lease, error) {
 	cfg, err := pgx.ParseConfig(url)
 	if err != nil {
 		return nil, fmt.Errorf("parse target url: %w", err)
 	}
 	cfg.RuntimeParams["application_name"] = "pgscribe-lock"
+	if leaseTimeout > 0 {
+		cfg.RuntimeParams["idle_session_timeout"] = fmt.Sprint(leaseTimeout.Milliseconds())
+		// The epoch bump waits for the old owner's in-flight batch (it holds
+		// the lease row FOR SHARE); never longer than a lease.
+		cfg.RuntimeParams["lock_timeout"] = fmt.Sprint(leaseTimeout.Milliseconds())
+	}
 	conn, err := pgx.ConnectConfig(ctx, cfg)
 	if err != nil {
 		return nil, fmt.Errorf("connect lock session: %w", err)
