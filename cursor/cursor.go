@@ -1,0 +1,322 @@
+// Package cursor stores what a projection version has accounted for: one
+// cursor per stream (the last stream_position applied, skipped or
+// dead-lettered, with per-stream counts) and one watermark per version (the
+// contiguous LSN below which everything is durable, the slot and the phase).
+//
+// Every write takes the caller's Querier, so cursor advances commit in the
+// batch transaction together with the read-model writes and dead letters:
+// a rolled-back batch leaves the cursors where they were. An event whose
+// stream_position is at or below its stream's cursor was already accounted
+// for; that is exact as long as stream_position grows in commit order within
+// a stream, which UNIQUE (stream_id, stream_position) with expected-version
+// appends guarantees.
+package cursor
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/pgscribe/pgscribe/event"
+)
+
+// Querier is what the store needs from a database handle: pgx.Tx, *pgx.Conn,
+// *pgxpool.Pool and *pgxpool.Conn satisfy it. Pass the batch transaction to
+// make a write part of the batch.
+type Querier interface {
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}
+
+// Cursor is a stream's last accounted-for event.
+type Cursor struct {
+	StreamPosition, Position int64
+}
+
+// Advance moves one stream's cursor to the last event of a batch and adds
+// how the batch's events of that stream were accounted for.
+type Advance struct {
+	StreamID                       string
+	StreamPosition, Position       int64
+	Applied, Skipped, DeadLettered int64
+}
+
+// The phases of a projection version.
+const (
+	PhaseBackfilling = "backfilling" // reading the table under the slot's snapshot
+	PhaseLive        = "live"        // streaming from the slot
+)
+
+// Watermark is a projection version's row in the watermarks table.
+//
+// LSN, Position and CommitTime describe the contiguous watermark: everything
+// at or below LSN is durably accounted for. Backfill events carry no LSN, so
+// during backfill LSN stays zero and Position tracks progress.
+type Watermark struct {
+	SlotName      string
+	LSN           event.LSN
+	Position      int64
+	CommitTime    time.Time // zero when unknown
+	Phase         string
+	BackfillTotal int64 // events the backfill snapshot holds
+	BackfillDone  int64 // events backfilled so far
+	UpdatedAt     time.Time
+}
+
+// Totals sums a projection version's cursors.
+type Totals struct {
+	Streams, Applied, Skipped, DeadLettered int64
+}
+
+// Store reads and writes one projection version's cursors and watermark in
+// an engine schema. It holds no connection and no mutable state, so one Store
+// is safe for concurrent use.
+type Store struct {
+	projection string
+	version    int64
+
+	loadSQL, advanceSQL                      string
+	loadWatermarkSQL, saveWatermarkSQL       string
+	setPhaseSQL, totalsSQL, hasSQL, resetSQL string
+}
+
+// New returns the store of projection version in the engine schema.
+func New(schema, projection string, version int64) *Store {
+	cursors := pgx.Identifier{schema, "cursors"}.Sanitize()
+	watermarks := pgx.Identifier{schema, "watermarks"}.Sanitize()
+	const this = "projection = $1 AND version = $2"
+	return &Store{
+		projection: projection,
+		version:    version,
+
+		loadSQL: "SELECT stream_id, stream_position, position FROM " + cursors +
+			" WHERE " + this + " AND stream_id = ANY($3)",
+
+		// Positions take the new values; counts add up. One statement for the
+		// whole batch; Advance merges duplicate streams first, because ON
+		// CONFLICT cannot touch one row twice in a statement.
+		advanceSQL: "INSERT INTO " + cursors + ` AS c
+  (projection, version, stream_id, stream_position, position, applied, skipped, dead_lettered)
+SELECT $1, $2, u.stream_id, u.stream_position, u.position, u.applied, u.skipped, u.dead_lettered
+FROM unnest($3::text[], $4::bigint[], $5::bigint[], $6::bigint[], $7::bigint[], $8::bigint[])
+  AS u (stream_id, stream_position, position, applied, skipped, dead_lettered)
+ON CONFLICT (projection, version, stream_id) DO UPDATE SET
+  stream_position = excluded.stream_position,
+  position        = excluded.position,
+  applied         = c.applied + excluded.applied,
+  skipped         = c.skipped + excluded.skipped,
+  dead_lettered   = c.dead_lettered + excluded.dead_lettered,
+  updated_at      = now()`,
+
+		loadWatermarkSQL: `SELECT coalesce(slot_name, ''), coalesce(lsn, '0/0')::text, coalesce(position, 0),
+  commit_time, phase, coalesce(backfill_total, 0), coalesce(backfill_done, 0), updated_at
+FROM ` + watermarks + " WHERE " + this,
+
+		// The watermark proper (lsn, position, commit_time) only moves
+		// forward: an older save (a late writer, a replayed call) keeps the
+		// stored one. GREATEST ignores NULL, so the first LSN always lands.
+		// An empty slot name or phase and zero backfill counts keep the
+		// stored values, so a live save does not wipe backfill progress.
+		saveWatermarkSQL: "INSERT INTO " + watermarks + ` AS w
+  (projection, version, slot_name, lsn, position, commit_time, phase, backfill_total, backfill_done)
+VALUES ($1, $2, NULLIF($3, ''), $4::pg_lsn, $5, $6, coalesce(NULLIF($7, ''), 'backfilling'),
+  NULLIF($8::bigint, 0), NULLIF($9::bigint, 0))
+ON CONFLICT (projection, version) DO UPDATE SET
+  slot_name      = coalesce(excluded.slot_name, w.slot_name),
+  lsn            = GREATEST(w.lsn, excluded.lsn),
+  position       = CASE WHEN w.lsn IS NULL OR excluded.lsn >= w.lsn THEN excluded.position ELSE w.position END,
+  commit_time    = CASE WHEN w.lsn IS NULL OR excluded.lsn >= w.lsn THEN excluded.commit_time ELSE w.commit_time END,
+  phase          = coalesce(NULLIF($7, ''), w.phase),
+  backfill_total = coalesce(excluded.backfill_total, w.backfill_total),
+  backfill_done  = coalesce(excluded.backfill_done, w.backfill_done),
+  updated_at     = now()`,
+
+		setPhaseSQL: "INSERT INTO " + watermarks + ` AS w
+  (projection, version, phase, backfill_total, backfill_done)
+VALUES ($1, $2, $3, $4, $5)
+ON CONFLICT (projection, version) DO UPDATE SET
+  phase = excluded.phase, backfill_total = excluded.backfill_total,
+  backfill_done = excluded.backfill_done, updated_at = now()`,
+
+		totalsSQL: `SELECT count(*), coalesce(sum(applied), 0)::bigint,
+  coalesce(sum(skipped), 0)::bigint, coalesce(sum(dead_lettered), 0)::bigint
+FROM ` + cursors + " WHERE " + this,
+
+		hasSQL: "SELECT EXISTS (SELECT 1 FROM " + cursors + " WHERE " + this + ")",
+
+		// One statement, so the reset is atomic even outside a transaction.
+		resetSQL: "WITH c AS (DELETE FROM " + cursors + " WHERE " + this + ")\n" +
+			"DELETE FROM " + watermarks + " WHERE " + this,
+	}
+}
+
+// Load returns the cursors of the given streams; a stream with no cursor is
+// absent from the map (which is not the same as a cursor at 0).
+func (s *Store) Load(ctx context.Context, q Querier, streams []string) (map[string]Cursor, error) {
+	out := make(map[string]Cursor, len(streams))
+	if len(streams) == 0 {
+		return out, nil
+	}
+	rows, err := q.Query(ctx, s.loadSQL, s.projection, s.version, streams)
+	if err != nil {
+		return nil, fmt.Errorf("load cursors: %w", err)
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var id string
+		var c Cursor
+		if err := rows.Scan(&id, &c.StreamPosition, &c.Position); err != nil {
+			return nil, fmt.Errorf("load cursors: %w", err)
+		}
+		out[id] = c
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("load cursors: %w", err)
+	}
+	return out, nil
+}
+
+// Advance writes a batch's cursor advances in one statement: each stream's
+// positions are replaced and its counts added. Several entries for one stream
+// are merged (counts summed, positions of the highest StreamPosition, the
+// later entry on a tie). Nothing is checked against the stored position;
+// deciding what is a duplicate is the caller's job, before it advances.
+func (s *Store) Advance(ctx context.Context, q Querier, adv []Advance) error {
+	if len(adv) == 0 {
+		return nil
+	}
+	merged := merge(adv)
+	n := len(merged)
+	ids := make([]string, n)
+	spos, pos := make([]int64, n), make([]int64, n)
+	applied, skipped, dead := make([]int64, n), make([]int64, n), make([]int64, n)
+	for i, a := range merged {
+		ids[i], spos[i], pos[i] = a.StreamID, a.StreamPosition, a.Position
+		applied[i], skipped[i], dead[i] = a.Applied, a.Skipped, a.DeadLettered
+	}
+	if _, err := q.Exec(ctx, s.advanceSQL, s.projection, s.version, ids, spos, pos, applied, skipped, dead); err != nil {
+		return fmt.Errorf("advance cursors: %w", err)
+	}
+	return nil
+}
+
+// merge folds entries of the same stream together, keeping first-seen order.
+func merge(adv []Advance) []Advance {
+	at := make(map[string]int, len(adv))
+	out := make([]Advance, 0, len(adv))
+	for _, a := range adv {
+		i, ok := at[a.StreamID]
+		if !ok {
+			at[a.StreamID] = len(out)
+			out = append(out, a)
+			continue
+		}
+		m := &out[i]
+		if a.StreamPosition >= m.StreamPosition {
+			m.StreamPosition, m.Position = a.StreamPosition, a.Position
+		}
+		m.Applied += a.Applied
+		m.Skipped += a.Skipped
+		m.DeadLettered += a.DeadLettered
+	}
+	return out
+}
+
+// LoadWatermark returns the version's watermark; false when it has none yet.
+func (s *Store) LoadWatermark(ctx context.Context, q Querier) (Watermark, bool, error) {
+	var w Watermark
+	var lsn string
+	var commit *time.Time
+	err := q.QueryRow(ctx, s.loadWatermarkSQL, s.projection, s.version).Scan(
+		&w.SlotName, &lsn, &w.Position, &commit, &w.Phase, &w.BackfillTotal, &w.BackfillDone, &w.UpdatedAt)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return Watermark{}, false, nil
+	}
+	if err != nil {
+		return Watermark{}, false, fmt.Errorf("load watermark: %w", err)
+	}
+	if w.LSN, err = event.ParseLSN(lsn); err != nil {
+		return Watermark{}, false, fmt.Errorf("load watermark: %w", err)
+	}
+	if commit != nil {
+		w.CommitTime = *commit
+	}
+	return w, true, nil
+}
+
+// SaveWatermark upserts the version's watermark. LSN never moves backwards:
+// when w.LSN is below the stored one, LSN, Position and CommitTime stay as
+// stored (at an equal LSN, Position and CommitTime are replaced, which is how
+// backfill progress is recorded at LSN 0). An empty SlotName or Phase keeps
+// the stored value (Phase defaults to backfilling on the first save), and so
+// does a zero BackfillTotal or BackfillDone; SetPhase sets all three exactly.
+func (s *Store) SaveWatermark(ctx context.Context, q Querier, w Watermark) error {
+	if err := checkPhase(w.Phase, true); err != nil {
+		return fmt.Errorf("save watermark: %w", err)
+	}
+	var commit *time.Time
+	if !w.CommitTime.IsZero() {
+		commit = &w.CommitTime
+	}
+	if _, err := q.Exec(ctx, s.saveWatermarkSQL, s.projection, s.version,
+		w.SlotName, w.LSN.String(), w.Position, commit, w.Phase, w.BackfillTotal, w.BackfillDone); err != nil {
+		return fmt.Errorf("save watermark: %w", err)
+	}
+	return nil
+}
+
+// SetPhase records the phase and the backfill progress (total events to read
+// and events read so far), creating the watermark row if needed.
+func (s *Store) SetPhase(ctx context.Context, q Querier, phase string, total, done int64) error {
+	if err := checkPhase(phase, false); err != nil {
+		return fmt.Errorf("set phase: %w", err)
+	}
+	if _, err := q.Exec(ctx, s.setPhaseSQL, s.projection, s.version, phase, total, done); err != nil {
+		return fmt.Errorf("set phase: %w", err)
+	}
+	return nil
+}
+
+func checkPhase(phase string, emptyOK bool) error {
+	switch {
+	case phase == PhaseBackfilling, phase == PhaseLive, phase == "" && emptyOK:
+		return nil
+	}
+	return fmt.Errorf("unknown phase %q", phase)
+}
+
+// Totals sums the version's cursors: how many streams it has seen and how
+// their events were accounted for. Conservation holds when
+// Applied+Skipped+DeadLettered equals the number of source events.
+func (s *Store) Totals(ctx context.Context, q Querier) (Totals, error) {
+	var t Totals
+	if err := q.QueryRow(ctx, s.totalsSQL, s.projection, s.version).Scan(
+		&t.Streams, &t.Applied, &t.Skipped, &t.DeadLettered); err != nil {
+		return Totals{}, fmt.Errorf("cursor totals: %w", err)
+	}
+	return t, nil
+}
+
+// HasCursors reports whether the version has any cursor, that is whether it
+// ever committed a batch (a lost slot then means resync, not a fresh start).
+func (s *Store) HasCursors(ctx context.Context, q Querier) (bool, error) {
+	var has bool
+	if err := q.QueryRow(ctx, s.hasSQL, s.projection, s.version).Scan(&has); err != nil {
+		return false, fmt.Errorf("has cursors: %w", err)
+	}
+	return has, nil
+}
+
+// Reset deletes the version's cursors and watermark, atomically, so that it
+// is rebuilt from the start. Dead letters and the lease stay.
+func (s *Store) Reset(ctx context.Context, q Querier) error {
+	if _, err := q.Exec(ctx, s.resetSQL, s.projection, s.version); err != nil {
+		return fmt.Errorf("reset cursors: %w", err)
+	}
+	return nil
+}

@@ -1,0 +1,83 @@
+package deadletter
+
+import (
+	"reflect"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/pgscribe/pgscribe/event"
+)
+
+func TestDeadLetterFromEvent(t *testing.T) {
+	at := time.Date(2024, 5, 1, 12, 0, 0, 0, time.UTC)
+	tests := []struct {
+		name             string
+		ev               event.Event
+		wantData, wantMD string
+	}{
+		{"raw JSON kept",
+			event.Event{RawData: []byte(`{"b": 1,  "a": 2}`), RawMetadata: []byte(`{}`), Data: map[string]any{"x": 1}},
+			`{"b": 1,  "a": 2}`, `{}`},
+		{"decoded documents re-encoded",
+			event.Event{Data: map[string]any{"n": int64(9007199254740993)}, Metadata: map[string]any{}},
+			`{"n":9007199254740993}`, `{}`},
+		{"nothing", event.Event{}, "", ""},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			ev := tt.ev
+			ev.Position, ev.ID, ev.StreamID, ev.StreamPosition, ev.Type, ev.OccurredAt = 7, "id-1", "s-1", 3, "T", at
+			r := FromEvent("p", 2, &ev, "rule:r", "boom")
+			want := Row{Projection: "p", Version: 2, Position: 7, EventID: "id-1", StreamID: "s-1", StreamPosition: 3,
+				EventType: "T", ErrorKind: "rule:r", ErrorMessage: "boom", OccurredAt: at}
+			got := r
+			got.EventData, got.EventMetadata = nil, nil
+			if !reflect.DeepEqual(got, want) {
+				t.Errorf("FromEvent() = %+v, want %+v", got, want)
+			}
+			if string(r.EventData) != tt.wantData || string(r.EventMetadata) != tt.wantMD {
+				t.Errorf("data, metadata = %s, %s; want %s, %s", r.EventData, r.EventMetadata, tt.wantData, tt.wantMD)
+			}
+		})
+	}
+}
+
+func TestDeadLetterStorable(t *testing.T) {
+	tests := []struct{ name, in, want string }{
+		{"plain", "bad value", "bad value"},
+		{"NUL removed", "a\x00b", "ab"},
+		{"invalid UTF-8 replaced", "a\xffb", "a\uFFFDb"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if got := storable(tt.in); got != tt.want {
+				t.Errorf("storable(%q) = %q, want %q", tt.in, got, tt.want)
+			}
+		})
+	}
+}
+
+func TestDeadLetterFilterWhere(t *testing.T) {
+	tests := []struct {
+		name     string
+		f        Filter
+		want     string
+		wantArgs []any
+	}{
+		{"none", Filter{AfterID: 5, Limit: 3}, "", nil},
+		{"projection", Filter{Projection: "p"}, " WHERE projection = $1", []any{"p"}},
+		{"all", Filter{Projection: "p", Version: 2, StreamID: "s", ErrorKind: "k"},
+			" WHERE projection = $1 AND version = $2 AND stream_id = $3 AND error_kind = $4", []any{"p", int64(2), "s", "k"}},
+		{"stream and kind", Filter{StreamID: "s", ErrorKind: "k"},
+			" WHERE stream_id = $1 AND error_kind = $2", []any{"s", "k"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got, args := tt.f.where()
+			if got != tt.want || !slices.Equal(args, tt.wantArgs) {
+				t.Errorf("where() = %q %v, want %q %v", got, args, tt.want, tt.wantArgs)
+			}
+		})
+	}
+}

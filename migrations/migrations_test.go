@@ -1,0 +1,117 @@
+package migrations
+
+import (
+	"slices"
+	"strings"
+	"testing"
+	"testing/fstest"
+)
+
+func TestMigrationsEmbedded(t *testing.T) {
+	if Latest() < 1 {
+		t.Fatalf("Latest() = %d, want at least 1", Latest())
+	}
+	for i, m := range all {
+		if m.version != i+1 {
+			t.Errorf("migration %s has version %d at index %d", m.name, m.version, i)
+		}
+		sql := strings.ReplaceAll(m.sql, schemaPlaceholder, `"x"`)
+		if strings.Contains(sql, "{{") {
+			t.Errorf("migration %s: unknown placeholder left after substitution", m.name)
+		}
+	}
+}
+
+func TestMigrationsParse(t *testing.T) {
+	file := func(s string) *fstest.MapFile { return &fstest.MapFile{Data: []byte(s)} }
+	ok := "CREATE TABLE {{schema}}.t ();"
+	tests := []struct {
+		name    string
+		fs      fstest.MapFS
+		want    []int
+		wantErr bool
+	}{
+		{"none", fstest.MapFS{}, nil, false},
+		{"two in order", fstest.MapFS{"sql/0002_b.sql": file(ok), "sql/0001_a.sql": file(ok)}, []int{1, 2}, false},
+		{"gap", fstest.MapFS{"sql/0001_a.sql": file(ok), "sql/0003_c.sql": file(ok)}, nil, true},
+		{"duplicate", fstest.MapFS{"sql/0001_a.sql": file(ok), "sql/0001_b.sql": file(ok)}, nil, true},
+		{"no number", fstest.MapFS{"sql/init.sql": file(ok)}, nil, true},
+		{"zero", fstest.MapFS{"sql/0000_a.sql": file(ok)}, nil, true},
+		{"no placeholder", fstest.MapFS{"sql/0001_a.sql": file("CREATE TABLE t ();")}, nil, true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			ms, err := parse(tt.fs)
+			if (err != nil) != tt.wantErr {
+				t.Fatalf("parse() error = %v, wantErr %v", err, tt.wantErr)
+			}
+			var got []int
+			for _, m := range ms {
+				got = append(got, m.version)
+			}
+			if !slices.Equal(got, tt.want) {
+				t.Errorf("versions = %v, want %v", got, tt.want)
+			}
+		})
+	}
+}
+
+func TestMigrationsTableIdent(t *testing.T) {
+	tests := []struct {
+		name    string
+		in      string
+		want    string
+		wantErr bool
+	}{
+		{"plain", "events", `"events"`, false},
+		{"qualified", "app.events", `"app"."events"`, false},
+		{"odd characters", `My Schema.ev"ents`, `"My Schema"."ev""ents"`, false},
+		{"empty", "", "", true},
+		{"three parts", "a.b.c", "", true},
+		{"empty schema", ".events", "", true},
+		{"empty table", "app.", "", true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			id, err := tableIdent(tt.in)
+			if (err != nil) != tt.wantErr {
+				t.Fatalf("tableIdent(%q) error = %v, wantErr %v", tt.in, err, tt.wantErr)
+			}
+			if err == nil && id.Sanitize() != tt.want {
+				t.Errorf("tableIdent(%q) = %s, want %s", tt.in, id.Sanitize(), tt.want)
+			}
+		})
+	}
+}
+
+func TestMigrationsPublicationFixes(t *testing.T) {
+	const pub, tbl = `"p"`, `"t"`
+	create := "CREATE PUBLICATION \"p\" FOR TABLE \"t\" WITH (publish = 'insert')"
+	add := `ALTER PUBLICATION "p" ADD TABLE "t"`
+	drop := `ALTER PUBLICATION "p" DROP TABLE "t"`
+	set := "ALTER PUBLICATION \"p\" SET (publish = 'insert')"
+	tests := []struct {
+		name  string
+		found bool
+		st    pubState
+		want  []string
+	}{
+		{"absent", false, pubState{}, []string{create}},
+		{"as wanted", true, pubState{insert: true, covered: true}, nil},
+		{"all tables, inserts only", true, pubState{insert: true, allTables: true, covered: true}, nil},
+		{"publishes everything", true, pubState{insert: true, update: true, delete: true, truncate: true, covered: true}, []string{set}},
+		{"updates only", true, pubState{update: true, covered: true}, []string{set}},
+		{"truncate too", true, pubState{insert: true, truncate: true, covered: true}, []string{set}},
+		{"other table", true, pubState{insert: true}, []string{add}},
+		{"other table and ops", true, pubState{insert: true, delete: true}, []string{add, set}},
+		{"row filter", true, pubState{insert: true, covered: true, restricted: true}, []string{drop, add}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			st := tt.st
+			if got := st.fixes(tt.found, pub, tbl); !slices.Equal(got, tt.want) {
+				t.Errorf("fixes() = %q, want %q", got, tt.want)
+			}
+		})
+	}
+}
