@@ -1,0 +1,64 @@
+# pgscribe. `make help` lists the targets; `make test` runs everything.
+
+SHELL := /bin/bash
+.SHELLFLAGS := -eu -o pipefail -c
+.DEFAULT_GOAL := help
+
+GO ?= go
+# Image for the integration tests. Where it is absent and cannot be pulled
+# (no registry), pg-image builds LOCAL_PG_IMAGE from this machine's
+# PostgreSQL install and the tests use that instead.
+PG_IMAGE ?= postgres:16
+LOCAL_PG_IMAGE ?= pgscribe-postgres:local
+PULL_TIMEOUT ?= 120
+TEST_TIMEOUT ?= 25m
+# The image pg-image chose, read by `test`; empty when there is no Docker
+# engine (the harness then uses local PostgreSQL binaries).
+PG_IMAGE_FILE := .cache/pg-image
+
+.PHONY: help build test test-unit vet pg-image demo bench clean
+
+help: ## list the targets
+	@awk 'BEGIN { FS = ":.*## " } /^[a-zA-Z_-]+:.*## / { printf "  %-10s %s\n", $$1, $$2 }' $(MAKEFILE_LIST)
+
+build: ## build bin/pgscribe
+	$(GO) build -o bin/pgscribe .
+
+test: pg-image ## run all tests with -race, integration tests against real PostgreSQL
+	PGSCRIBE_TEST_PG_IMAGE="$${PGSCRIBE_TEST_PG_IMAGE:-$$(cat $(PG_IMAGE_FILE) 2>/dev/null || true)}" \
+		$(GO) test -race -count=1 -timeout $(TEST_TIMEOUT) ./...
+
+test-unit: ## run the unit tests only (-short, no database)
+	$(GO) test -race -short -count=1 ./...
+
+vet: ## run go vet
+	$(GO) vet ./...
+
+pg-image: ## make sure a PostgreSQL image for the tests exists (pull, else build one locally)
+	@mkdir -p $(dir $(PG_IMAGE_FILE))
+	@if [ -n "$${PGSCRIBE_TEST_PG_IMAGE:-}" ]; then \
+		echo "pg-image: PGSCRIBE_TEST_PG_IMAGE=$$PGSCRIBE_TEST_PG_IMAGE is set; using it as is"; \
+		echo "$$PGSCRIBE_TEST_PG_IMAGE" > $(PG_IMAGE_FILE); \
+	elif ! docker info >/dev/null 2>&1; then \
+		echo "pg-image: no Docker engine; the tests will use local PostgreSQL binaries"; \
+		: > $(PG_IMAGE_FILE); \
+	elif docker image inspect $(PG_IMAGE) >/dev/null 2>&1; then \
+		echo "$(PG_IMAGE)" > $(PG_IMAGE_FILE); \
+	elif timeout $(PULL_TIMEOUT) docker pull -q $(PG_IMAGE) >/dev/null 2>&1; then \
+		echo "pg-image: pulled $(PG_IMAGE)"; \
+		echo "$(PG_IMAGE)" > $(PG_IMAGE_FILE); \
+	else \
+		echo "pg-image: cannot pull $(PG_IMAGE); using $(LOCAL_PG_IMAGE) built from local PostgreSQL"; \
+		scripts/build-pg-image.sh $(LOCAL_PG_IMAGE); \
+		echo "$(LOCAL_PG_IMAGE)" > $(PG_IMAGE_FILE); \
+	fi
+	@echo "pg-image: tests use image '$$(cat $(PG_IMAGE_FILE))'" | sed "s/image ''/local PostgreSQL binaries/"
+
+demo: ## run the demo (placeholder)
+	@echo "demo: not yet wired"
+
+bench: ## run the benchmarks (placeholder)
+	@echo "bench: not yet wired"
+
+clean: ## remove build outputs and caches
+	rm -rf bin .cache
