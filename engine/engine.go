@@ -264,6 +264,13 @@ func (p *Projection) session(ctx context.Context, lease *leader.Lease) error {
 		if err := replication.DropSlot(ctx, srcConn, p.slot); err != nil {
 			return err
 		}
+	} else if !rebuild {
+		// A walsender left by a node that died or froze may still hold the
+		// slot; end it now rather than wait for its TCP timeout. (srcConn is
+		// used by the lag reporter from here on.)
+		if err := replication.TerminateSlotHolder(ctx, srcConn, p.slot); err != nil {
+			return fmt.Errorf("free slot: %w", err)
+		}
 	}
 
 	backfilling := atomic.Bool{}
@@ -334,8 +341,6 @@ func (p *Projection) session(ctx context.Context, lease *leader.Lease) error {
 			p.setState(StateBackfilling)
 			err = p.backfill(sessCtx, replConn, src, store, pool, lease, tracker, parts)
 			backfilling.Store(false)
-		} else if err = replication.TerminateSlotHolder(sessCtx, srcConn, p.slot); err != nil {
-			err = fmt.Errorf("free slot: %w", err)
 		}
 		if err == nil {
 			p.setState(StateLive)
