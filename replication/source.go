@@ -113,7 +113,24 @@ func TerminateSlotHolder(ctx context.Context, q Querier, slot string) error {
 	if err != nil {
 		return fmt.Errorf("terminate walsender of slot %s: %w", slot, err)
 	}
-	return nil
+	// The walsender releases the slot as it exits; wait for that (bounded),
+	// so START_REPLICATION does not fail with "slot is active".
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		var active bool
+		err := q.QueryRow(ctx, `SELECT COALESCE(bool_or(active), false) FROM pg_replication_slots WHERE slot_name = $1`, slot).Scan(&active)
+		if err != nil {
+			return fmt.Errorf("inspect slot %s: %w", slot, err)
+		}
+		if !active || time.Now().After(deadline) {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
 }
 
 // DropSlot drops the slot if it exists, terminating its holder first.
