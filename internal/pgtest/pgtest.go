@@ -111,6 +111,9 @@ func Start(ctx context.Context, opts Options) (*Server, error) {
 	}
 	switch mode {
 	case ModeExternal:
+		if len(opts.Settings) > 0 {
+			logf("external server: Options.Settings are not applied (%d given)", len(opts.Settings))
+		}
 		return startExternal(ctx, logf)
 	case ModeLocal:
 		return startLocal(ctx, settings, logf)
