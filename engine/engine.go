@@ -340,7 +340,9 @@ func (p *Projection) session(ctx context.Context, lease *leader.Lease) error {
 		if rebuild {
 			p.setState(StateBackfilling)
 			err = p.backfill(sessCtx, replConn, src, store, pool, lease, tracker, parts)
-			backfilling.Store(false)
+			if err == nil {
+				backfilling.Store(false)
+			}
 		}
 		if err == nil {
 			p.setState(StateLive)
@@ -473,7 +475,9 @@ func (p *Projection) saveWatermark(ctx context.Context, pool *pgxpool.Pool, stor
 		return
 	}
 	err := p.fenced(ctx, pool, lease, func(tx pgx.Tx) error {
-		return store.SaveWatermark(ctx, tx, cursor.Watermark{SlotName: p.slot, LSN: lsn, CommitTime: ct, Phase: "live"})
+		// Phase is left as stored: only backfill's SetPhase moves it, after
+		// every snapshot event committed.
+		return store.SaveWatermark(ctx, tx, cursor.Watermark{SlotName: p.slot, LSN: lsn, CommitTime: ct})
 	})
 	if err != nil && ctx.Err() == nil {
 		p.log.Warn("save watermark", "err", err)
