@@ -54,8 +54,8 @@ pg-image: ## make sure a PostgreSQL image for the tests exists (pull, else build
 	fi
 	@echo "pg-image: tests use image '$$(cat $(PG_IMAGE_FILE))'" | sed "s/image ''/local PostgreSQL binaries/"
 
-demo: ## run the demo (placeholder)
-	@echo "demo: not yet wired"
+demo: build ## a throwaway PostgreSQL, the demo read models, sample events and the engine (Ctrl-C stops)
+	$(GO) run ./internal/tools/demo -bin bin/pgscribe -config config.toml.example -schema examples/demo/schema.sql
 
 bench: ## run the benchmarks (placeholder)
 	@echo "bench: not yet wired"
