@@ -103,6 +103,7 @@ func (p *Projection) Run(ctx context.Context) error {
 	}()
 	backoff := time.Second
 	for ctx.Err() == nil {
+		stopStandby := p.reportStandby(ctx) // lag from the database until this node is active
 		if p.slots != nil {
 			// max_active_projections: wait for a free slot on this node
 			// before even trying the lock, so other nodes take the rest.
@@ -114,6 +115,7 @@ func (p *Projection) Run(ctx context.Context) error {
 			}
 		}
 		lease, err := p.acquire(ctx)
+		stopStandby()
 		if err != nil || lease == nil {
 			p.releaseSlot()
 			return err
@@ -332,7 +334,7 @@ func (p *Projection) session(ctx context.Context, lease *leader.Lease) error {
 	}()
 
 	lagDone := make(chan struct{})
-	go func() { defer close(lagDone); p.reportLag(sessCtx, pool, srcConn, store, lease, tracker, &backfilling) }()
+	go func() { defer close(lagDone); p.reportLag(sessCtx, pool, store, lease, tracker, &backfilling) }()
 
 	replConn, err := replication.ConnectReplication(sessCtx, cfg.Database.URL)
 	if err == nil {
@@ -481,32 +483,5 @@ func (p *Projection) saveWatermark(ctx context.Context, pool *pgxpool.Pool, stor
 	})
 	if err != nil && ctx.Err() == nil {
 		p.log.Warn("save watermark", "err", err)
-	}
-}
-
-// reportLag refreshes lag metrics and the stored watermark every
-// lag_interval, busy or idle.
-func (p *Projection) reportLag(ctx context.Context, pool *pgxpool.Pool, src *pgx.Conn, store *cursor.Store, lease *leader.Lease, tracker *lag.Tracker, backfilling *atomic.Bool) {
-	t := time.NewTicker(p.cfg.Engine.LagInterval)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
-		lsn, _, idle := tracker.Watermark()
-		secs := 0.0
-		if oldest, ok := tracker.Oldest(); ok {
-			secs = time.Since(oldest).Seconds()
-		}
-		var bytes int64
-		_ = src.QueryRow(ctx, `SELECT COALESCE(pg_wal_lsn_diff(pg_current_wal_lsn(), confirmed_flush_lsn), 0)::bigint
-			FROM pg_replication_slots WHERE slot_name = $1`, p.slot).Scan(&bytes)
-		p.metrics.SetLag(secs, bytes, int64(tracker.Pending()), uint64(lsn))
-		p.caught.Store(idle && !backfilling.Load())
-		if !backfilling.Load() && lsn > 0 {
-			p.saveWatermark(ctx, pool, store, lease, tracker)
-		}
 	}
 }

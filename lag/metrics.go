@@ -1,6 +1,7 @@
 package lag
 
 import (
+	"runtime"
 	"strconv"
 	"time"
 
@@ -27,9 +28,15 @@ type Metrics struct {
 	Reconnects    *prometheus.CounterVec
 	BackfillDone  *prometheus.GaugeVec
 	BackfillTotal *prometheus.GaugeVec
+	WatermarkTime *prometheus.GaugeVec
+	SlotRetained  *prometheus.GaugeVec
+	ProbeErrors   *prometheus.CounterVec
 }
 
-// NewMetrics creates the metrics and registers them on reg.
+// NewMetrics creates the metrics and registers them on reg. version is the
+// pgscribe version, exported as pgscribe_build_info{version, goversion}.
+// It panics if reg already holds a metric of the same name (one Metrics per
+// registry).
 func NewMetrics(reg prometheus.Registerer, version string) *Metrics {
 	pv := []string{"projection", "version"}
 	m := &Metrics{
@@ -38,17 +45,19 @@ func NewMetrics(reg prometheus.Registerer, version string) *Metrics {
 		Batches: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "pgscribe_batches_total",
 			Help: "Batches by result (committed, retried, isolated, halted)."}, append(pv, "result")),
 		BatchDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "pgscribe_batch_duration_seconds",
-			Help:    "Time from a batch's first attempt to its commit.",
-			Buckets: []float64{.0002, .0005, .001, .002, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10}}, pv),
+			Help: "Time from a batch's first attempt to its commit.",
+			// Sub-millisecond (a few skipped events) to a minute (a batch
+			// that retried with backoff, or waited on a lock).
+			Buckets: []float64{.0002, .0005, .001, .002, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60}}, pv),
 		BatchEvents: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "pgscribe_batch_events",
 			Help:    "Events per committed batch.",
 			Buckets: []float64{1, 2, 5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000}}, pv),
 		LagSeconds: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "pgscribe_lag_seconds",
-			Help: "Age of the oldest committed source event not yet applied; 0 when caught up."}, pv),
+			Help: "Age of the oldest committed source event not yet applied; 0 when caught up. Refreshed every lag_interval on every node."}, pv),
 		LagBytes: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "pgscribe_replication_lag_bytes",
-			Help: "Server WAL LSN minus the slot's confirmed LSN."}, pv),
+			Help: "Source server WAL LSN minus the slot's confirmed_flush_lsn."}, pv),
 		Backlog: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "pgscribe_backlog_events",
-			Help: "Source events not yet accounted for."}, pv),
+			Help: "Source events not yet accounted for: count of events minus applied + skipped + dead_lettered of the version's cursors."}, pv),
 		WatermarkLSN: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "pgscribe_watermark_lsn",
 			Help: "Contiguous watermark LSN (as a number): everything at or below it is durably accounted for."}, pv),
 		LastCommit: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "pgscribe_last_commit_timestamp_seconds",
@@ -67,21 +76,29 @@ func NewMetrics(reg prometheus.Registerer, version string) *Metrics {
 			Help: "Events read by the running snapshot backfill."}, pv),
 		BackfillTotal: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "pgscribe_backfill_events_total",
 			Help: "Events visible in the snapshot being backfilled."}, pv),
+		WatermarkTime: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "pgscribe_watermark_commit_timestamp_seconds",
+			Help: "Unix time of the source commit of the last transaction at or below the watermark; 0 when unknown."}, pv),
+		SlotRetained: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "pgscribe_slot_retained_wal_bytes",
+			Help: "Source server WAL LSN minus the slot's restart_lsn: WAL the slot keeps on disk."}, pv),
+		ProbeErrors: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "pgscribe_lag_probe_errors_total",
+			Help: "Lag measurements that could not read PostgreSQL."}, pv),
 	}
 	info := prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "pgscribe_build_info",
-		Help: "Build information; always 1."}, []string{"version"})
-	info.WithLabelValues(version).Set(1)
+		Help: "Build information; always 1."}, []string{"version", "goversion"})
+	info.WithLabelValues(version, runtime.Version()).Set(1)
 	reg.MustRegister(m.Events, m.Batches, m.BatchDuration, m.BatchEvents, m.LagSeconds, m.LagBytes,
 		m.Backlog, m.WatermarkLSN, m.LastCommit, m.Active, m.Halted, m.DeadLetters, m.StreamGaps,
-		m.Reconnects, m.BackfillDone, m.BackfillTotal, info)
+		m.Reconnects, m.BackfillDone, m.BackfillTotal, m.WatermarkTime, m.SlotRetained, m.ProbeErrors, info)
 	return m
 }
 
 // Projection is the view of Metrics for one projection version. It
-// implements the apply stage's observer.
+// implements the apply stage's observer, and keeps the lag measurement
+// history (WAL clock, event count) that probes of the version share.
 type Projection struct {
 	m          *Metrics
 	name, ver  string
+	probe      probeState
 	applied    prometheus.Counter
 	skipped    prometheus.Counter
 	dead       prometheus.Counter
@@ -105,11 +122,13 @@ func (m *Metrics) For(name string, version int64) *Projection {
 	for _, r := range []string{"committed", "retried", "isolated", "halted"} {
 		m.Batches.WithLabelValues(name, v, r)
 	}
-	for _, g := range []*prometheus.GaugeVec{m.LagSeconds, m.LagBytes, m.Backlog, m.WatermarkLSN, m.Active, m.Halted} {
+	for _, g := range []*prometheus.GaugeVec{m.LagSeconds, m.LagBytes, m.Backlog, m.WatermarkLSN, m.Active, m.Halted,
+		m.WatermarkTime, m.SlotRetained} {
 		g.WithLabelValues(name, v)
 	}
 	m.StreamGaps.WithLabelValues(name, v)
 	m.Reconnects.WithLabelValues(name, v)
+	m.ProbeErrors.WithLabelValues(name, v)
 	return p
 }
 
@@ -120,7 +139,7 @@ func (p *Projection) BatchDone(result string, events int, d time.Duration) {
 	if result == "committed" {
 		p.duration.Observe(d.Seconds())
 		p.size.Observe(float64(events))
-		p.lastCommit.Set(float64(time.Now().UnixNano()) / 1e9)
+		p.lastCommit.Set(unixSeconds(time.Now()))
 	}
 }
 
@@ -148,13 +167,31 @@ func (p *Projection) SetActive(on bool) { p.m.Active.WithLabelValues(p.name, p.v
 // SetHalted sets pgscribe_halted.
 func (p *Projection) SetHalted(on bool) { p.m.Halted.WithLabelValues(p.name, p.ver).Set(b2f(on)) }
 
-// SetLag sets the lag gauges.
-func (p *Projection) SetLag(seconds float64, bytes, backlog int64, watermark uint64) {
-	p.m.LagSeconds.WithLabelValues(p.name, p.ver).Set(seconds)
-	p.m.LagBytes.WithLabelValues(p.name, p.ver).Set(float64(bytes))
-	p.m.Backlog.WithLabelValues(p.name, p.ver).Set(float64(backlog))
-	p.m.WatermarkLSN.WithLabelValues(p.name, p.ver).Set(float64(watermark))
+// Report sets the lag gauges from a reading. What the reading does not
+// know (slot, backlog, watermark time, last commit) leaves those gauges as
+// they were.
+func (p *Projection) Report(r Reading) {
+	p.m.LagSeconds.WithLabelValues(p.name, p.ver).Set(r.LagSeconds)
+	if r.SlotKnown {
+		p.m.LagBytes.WithLabelValues(p.name, p.ver).Set(float64(r.LagBytes))
+		p.m.SlotRetained.WithLabelValues(p.name, p.ver).Set(float64(r.RetainedBytes))
+	}
+	if r.BacklogKnown {
+		p.m.Backlog.WithLabelValues(p.name, p.ver).Set(float64(r.Backlog))
+	}
+	p.m.WatermarkLSN.WithLabelValues(p.name, p.ver).Set(float64(r.Watermark))
+	if !r.WatermarkTime.IsZero() {
+		p.m.WatermarkTime.WithLabelValues(p.name, p.ver).Set(unixSeconds(r.WatermarkTime))
+	}
+	if !r.LastCommit.IsZero() {
+		p.lastCommit.Set(unixSeconds(r.LastCommit))
+	}
 }
+
+// ProbeFailed counts a lag measurement that could not read PostgreSQL.
+func (p *Projection) ProbeFailed() { p.m.ProbeErrors.WithLabelValues(p.name, p.ver).Inc() }
+
+func unixSeconds(t time.Time) float64 { return float64(t.UnixNano()) / 1e9 }
 
 // SetBackfill sets the backfill progress gauges.
 func (p *Projection) SetBackfill(done, total int64) {

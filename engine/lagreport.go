@@ -1,0 +1,96 @@
+package engine
+
+import (
+	"context"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/pgscribe/pgscribe/cursor"
+	"github.com/pgscribe/pgscribe/lag"
+	"github.com/pgscribe/pgscribe/leader"
+)
+
+// newProbe returns a lag probe of this projection version on its own
+// connections. Its measurement history lives in p.metrics, so it carries
+// over from standby to active periods and across pipeline restarts.
+func (p *Projection) newProbe() *lag.Probe {
+	return lag.NewProbe(lag.ProbeConfig{
+		SourceURL:  p.cfg.Database.URL,
+		TargetURL:  p.cfg.TargetURL(),
+		Schema:     p.cfg.Engine.Schema,
+		Projection: p.spec.Name,
+		Version:    p.spec.Version,
+		Slot:       p.slot,
+		Table:      p.cfg.Source.Table,
+		Position:   p.cfg.Source.Columns.Position,
+		Timeout:    max(p.cfg.Engine.LagInterval, 5*time.Second),
+		Logger:     p.log,
+	}, p.metrics)
+}
+
+// reportLag refreshes the lag metrics and the stored watermark every
+// lag_interval while this node is active, busy or idle. The first
+// measurement is taken at once, so that a scrape right after a takeover
+// already sees numbers from this node.
+func (p *Projection) reportLag(ctx context.Context, pool *pgxpool.Pool, store *cursor.Store, lease *leader.Lease, tracker *lag.Tracker, backfilling *atomic.Bool) {
+	probe := p.newProbe()
+	defer probe.Close(ctx)
+	t := time.NewTicker(p.cfg.Engine.LagInterval)
+	defer t.Stop()
+	for {
+		lsn, wmTime, idle := tracker.Watermark()
+		local := &lag.Local{Watermark: lsn, WatermarkTime: wmTime, Idle: idle, Backfilling: backfilling.Load()}
+		if oldest, ok := tracker.Oldest(); ok {
+			local.Oldest = oldest
+		}
+		_, _ = probe.Tick(ctx, local)
+		p.caught.Store(idle && !local.Backfilling)
+		if !local.Backfilling && lsn > 0 {
+			p.saveWatermark(ctx, pool, store, lease, tracker)
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+// reportStandby starts reporting lag from the database while this node is
+// not active for the projection (standing by for its lock, or for a free
+// max_active_projections slot), so that every node answers "how far
+// behind" with the same numbers and pgscribe_active 0. stop ends it and
+// waits for it to finish; it is safe to call more than once.
+func (p *Projection) reportStandby(ctx context.Context) (stop func()) {
+	ctx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		probe := p.newProbe()
+		defer probe.Close(ctx)
+		t := time.NewTicker(p.cfg.Engine.LagInterval)
+		defer t.Stop()
+		// A node that gets the lock at once never needs these numbers:
+		// give acquire a moment before the first (possibly full-table)
+		// count.
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(min(p.cfg.Engine.LagInterval, time.Second)):
+		}
+		for {
+			_, _ = probe.Tick(ctx, nil)
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+			}
+		}
+	}()
+	return func() {
+		cancel()
+		<-done
+	}
+}
