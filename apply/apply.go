@@ -99,7 +99,8 @@ type Committer struct {
 	eval    Evaluator
 	fence   Fence
 	cursors *cursor.Store
-	render  *renderer
+	stmts   *statements
+	cat     *catalog
 	obs     Observer
 	log     *slog.Logger
 }
@@ -118,7 +119,8 @@ func NewCommitter(pool *pgxpool.Pool, opts Options, eval Evaluator, fence Fence,
 	return &Committer{
 		pool: pool, opts: opts, eval: eval, fence: fence, obs: obs, log: log,
 		cursors: cursor.New(opts.Schema, opts.Projection, opts.Version),
-		render:  newRenderer(),
+		stmts:   newStatements(),
+		cat:     newCatalog(),
 	}
 }
 
@@ -383,23 +385,37 @@ func (c *Committer) attempt(ctx context.Context, evals []planned, isolate bool, 
 	return res, nil
 }
 
-// applyPipelined sends every intent of the batch in one pipelined round trip.
+// applyPipelined sends the whole batch's writes in one pipelined round
+// trip: folded and grouped into multi-row statements where that is exact
+// (see planGroups), else one statement per intent in order.
 func (c *Committer) applyPipelined(ctx context.Context, tx pgx.Tx, plan []planned) error {
-	b := &pgx.Batch{}
+	var intents []*event.Intent
 	for i := range plan {
 		if plan[i].out != outApply {
 			continue
 		}
 		for j := range plan[i].intents {
-			sql, args, err := c.render.render(&plan[i].intents[j])
-			if err != nil {
-				return &HaltError{Reason: "render intent of rule " + plan[i].intents[j].Rule, Err: err}
-			}
-			b.Queue(sql, args...)
+			intents = append(intents, &plan[i].intents[j])
 		}
 	}
-	if b.Len() == 0 {
+	if len(intents) == 0 {
 		return nil
+	}
+	b := &pgx.Batch{}
+	if layers, ok := planGroups(intents); ok {
+		for _, layer := range layers {
+			for _, g := range layer {
+				if err := c.queueGroup(ctx, tx, b, g); err != nil {
+					return err
+				}
+			}
+		}
+	} else {
+		for _, in := range intents {
+			if err := c.queueIntent(ctx, tx, b, in); err != nil {
+				return err
+			}
+		}
 	}
 	br := tx.SendBatch(ctx, b)
 	for i := 0; i < b.Len(); i++ {
@@ -409,6 +425,38 @@ func (c *Committer) applyPipelined(ctx context.Context, tx pgx.Tx, plan []planne
 		}
 	}
 	return br.Close()
+}
+
+// queueGroup queues one multi-row statement.
+func (c *Committer) queueGroup(ctx context.Context, tx pgx.Tx, b *pgx.Batch, g *group) error {
+	types, err := c.cat.types(ctx, tx, g.shape.table)
+	if err != nil {
+		return err
+	}
+	sql, args, err := c.stmts.groupSQL(g, types)
+	if err != nil {
+		return &HaltError{Reason: "render intent of rule " + g.first.Rule, Err: err}
+	}
+	b.Queue(sql, args...)
+	return nil
+}
+
+// queueIntent queues one intent as its own statement.
+func (c *Committer) queueIntent(ctx context.Context, tx pgx.Tx, b *pgx.Batch, in *event.Intent) error {
+	if in.Op == event.OpSQL {
+		b.Queue(in.SQL, in.Args...)
+		return nil
+	}
+	return c.queueGroup(ctx, tx, b, &group{shape: shapeOf(in), first: in, rows: []*event.Intent{in}})
+}
+
+// execIntent runs one intent now (the isolation path).
+func (c *Committer) execIntent(ctx context.Context, tx pgx.Tx, in *event.Intent) error {
+	b := &pgx.Batch{}
+	if err := c.queueIntent(ctx, tx, b, in); err != nil {
+		return err
+	}
+	return tx.SendBatch(ctx, b).Close()
 }
 
 // applyIsolated applies event by event, each under a savepoint, and turns
@@ -425,11 +473,11 @@ func (c *Committer) applyIsolated(ctx context.Context, tx pgx.Tx, plan []planned
 		}
 		var failed error
 		for j := range p.intents {
-			sql, args, err := c.render.render(&p.intents[j])
-			if err != nil {
-				return &HaltError{Reason: "render intent of rule " + p.intents[j].Rule, Err: err}
-			}
-			if _, err := tx.Exec(ctx, sql, args...); err != nil {
+			if err := c.execIntent(ctx, tx, &p.intents[j]); err != nil {
+				var halt *HaltError
+				if errors.As(err, &halt) {
+					return err
+				}
 				failed = fmt.Errorf("rule %s on %s: %w", p.intents[j].Rule, p.intents[j].Table, err)
 				break
 			}

@@ -1,6 +1,7 @@
 package apply
 
 import (
+	"context"
 	"fmt"
 	"strings"
 	"sync"
@@ -18,133 +19,190 @@ func quoteTable(name string) string {
 
 func quoteColumn(name string) string { return pgx.Identifier{name}.Sanitize() }
 
-// statementKey identifies the shape of an intent: the same shape renders to
-// the same SQL text, so pgx's per-connection statement cache prepares it once.
-type statementKey struct {
-	op    event.Op
-	table string
-	cols  string // key|set|inc column names, comma separated
+// columnTypes maps a table's column names to their type names without
+// modifiers (character varying, not character varying(10)): values are cast
+// to the base type and the column's own modifiers then apply on assignment,
+// so an over-long value fails with 22001 instead of being silently cut.
+type columnTypes map[string]string
+
+// catalog caches column types per table for a Committer. Safe for
+// concurrent use.
+type catalog struct {
+	mu     sync.RWMutex
+	tables map[string]columnTypes
 }
 
-// renderer renders intents into parameterised SQL, caching the text per
-// shape. It is safe for concurrent use.
-type renderer struct {
-	mu    sync.RWMutex
-	cache map[statementKey]string
+func newCatalog() *catalog { return &catalog{tables: map[string]columnTypes{}} }
+
+type queryer interface {
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
 }
 
-func newRenderer() *renderer { return &renderer{cache: make(map[statementKey]string)} }
-
-// render returns the SQL and arguments for one intent.
-func (r *renderer) render(in *event.Intent) (string, []any, error) {
-	if in.Op == event.OpSQL {
-		return in.SQL, in.Args, nil
+// types returns the column types of table, reading the catalog once. A
+// missing table fails with PostgreSQL's own 42P01.
+func (c *catalog) types(ctx context.Context, q queryer, table string) (columnTypes, error) {
+	c.mu.RLock()
+	t, ok := c.tables[table]
+	c.mu.RUnlock()
+	if ok {
+		return t, nil
 	}
-	var sb strings.Builder
-	for _, group := range [][]event.Column{in.Key, in.Set, in.Inc} {
-		for _, c := range group {
-			sb.WriteString(c.Name)
-			sb.WriteByte(',')
+	rows, err := q.Query(ctx, `SELECT attname, format_type(atttypid, NULL) FROM pg_attribute
+		WHERE attrelid = $1::regclass AND attnum > 0 AND NOT attisdropped`, quoteTable(table))
+	if err != nil {
+		return nil, fmt.Errorf("read columns of %s: %w", table, err)
+	}
+	t = columnTypes{}
+	for rows.Next() {
+		var name, typ string
+		if err := rows.Scan(&name, &typ); err != nil {
+			return nil, err
 		}
-		sb.WriteByte('|')
+		t[name] = typ
 	}
-	k := statementKey{op: in.Op, table: in.Table, cols: sb.String()}
-	r.mu.RLock()
-	text, ok := r.cache[k]
-	r.mu.RUnlock()
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("read columns of %s: %w", table, err)
+	}
+	c.mu.Lock()
+	c.tables[table] = t
+	c.mu.Unlock()
+	return t, nil
+}
+
+// statements renders and caches the SQL text per shape, so pgx's
+// per-connection statement cache prepares each shape once.
+type statements struct {
+	mu    sync.RWMutex
+	cache map[shape]string
+}
+
+func newStatements() *statements { return &statements{cache: map[shape]string{}} }
+
+// groupSQL returns the statement for a group of rows of one shape and its
+// arguments: one text[] per column.
+func (s *statements) groupSQL(g *group, types columnTypes) (string, []any, error) {
+	s.mu.RLock()
+	text, ok := s.cache[g.shape]
+	s.mu.RUnlock()
 	if !ok {
 		var err error
-		text, err = buildSQL(in)
+		text, err = buildGroupSQL(g.first, types)
 		if err != nil {
 			return "", nil, err
 		}
-		r.mu.Lock()
-		r.cache[k] = text
-		r.mu.Unlock()
+		s.mu.Lock()
+		s.cache[g.shape] = text
+		s.mu.Unlock()
 	}
-	args := make([]any, 0, len(in.Key)+len(in.Set)+len(in.Inc))
-	switch in.Op {
-	case event.OpInsert, event.OpUpsert:
-		args = appendValues(args, in.Key, in.Set, in.Inc)
-	case event.OpUpdate:
-		args = appendValues(args, in.Set, in.Inc, in.Key)
-	case event.OpDelete:
-		args = appendValues(args, in.Key)
+	first := g.first
+	ncols := len(first.Key) + len(first.Set) + len(first.Inc)
+	args := make([]any, ncols)
+	cols := make([][]*string, ncols)
+	for i := range cols {
+		cols[i] = make([]*string, len(g.rows))
+	}
+	for r, in := range g.rows {
+		j := 0
+		for _, grp := range [][]event.Column{in.Key, in.Set, in.Inc} {
+			for _, c := range grp {
+				v, err := textValue(c.Value)
+				if err != nil {
+					return "", nil, fmt.Errorf("rule %s column %s: %w", in.Rule, c.Name, err)
+				}
+				cols[j][r] = v
+				j++
+			}
+		}
+	}
+	for i := range cols {
+		args[i] = cols[i]
 	}
 	return text, args, nil
 }
 
-func appendValues(args []any, groups ...[]event.Column) []any {
-	for _, g := range groups {
-		for _, c := range g {
-			args = append(args, c.Value)
-		}
-	}
-	return args
-}
-
-// buildSQL renders the statement for an intent's shape. Parameter order
-// follows appendValues for the same op.
-func buildSQL(in *event.Intent) (string, error) {
+// buildGroupSQL renders the multi-row statement of an intent's shape:
+// every column arrives as a text[] parameter, unnested and cast to the
+// column's type.
+func buildGroupSQL(in *event.Intent, types columnTypes) (string, error) {
 	table := quoteTable(in.Table)
+	const t = "pgscribe_t"
+	var params, aliases []string
 	n := 0
-	param := func() string { n++; return fmt.Sprintf("$%d", n) }
+	val := map[string]string{} // column → typed expression over u
+	add := func(cs []event.Column) []string {
+		var out []string
+		for _, c := range cs {
+			n++
+			alias := fmt.Sprintf("c%d", n)
+			params = append(params, fmt.Sprintf("$%d::text[]", n))
+			aliases = append(aliases, alias)
+			expr := "u." + alias
+			if typ, ok := types[c.Name]; ok {
+				expr += "::" + typ
+			}
+			val[c.Name] = expr
+			out = append(out, c.Name)
+		}
+		return out
+	}
+	keys, sets, incs := add(in.Key), add(in.Set), add(in.Inc)
+	from := fmt.Sprintf("unnest(%s) AS u(%s)", strings.Join(params, ", "), strings.Join(aliases, ", "))
+
 	switch in.Op {
 	case event.OpInsert, event.OpUpsert:
-		var cols, vals []string
-		for _, g := range [][]event.Column{in.Key, in.Set, in.Inc} {
-			for _, c := range g {
-				cols = append(cols, quoteColumn(c.Name))
-				vals = append(vals, param())
+		var cols, exprs []string
+		for _, group := range [][]string{keys, sets, incs} {
+			for _, c := range group {
+				cols = append(cols, quoteColumn(c))
+				exprs = append(exprs, val[c])
 			}
 		}
-		q := fmt.Sprintf("INSERT INTO %s (%s) VALUES (%s)", table, strings.Join(cols, ", "), strings.Join(vals, ", "))
+		q := fmt.Sprintf("INSERT INTO %s AS %s (%s) SELECT %s FROM %s", table, t,
+			strings.Join(cols, ", "), strings.Join(exprs, ", "), from)
 		if in.Op == event.OpInsert {
 			return q, nil
 		}
-		var keys, sets []string
-		for _, c := range in.Key {
-			keys = append(keys, quoteColumn(c.Name))
+		var keyCols, assigns []string
+		for _, c := range keys {
+			keyCols = append(keyCols, quoteColumn(c))
 		}
-		for _, c := range in.Set {
-			col := quoteColumn(c.Name)
-			sets = append(sets, fmt.Sprintf("%s = EXCLUDED.%s", col, col))
+		for _, c := range sets {
+			assigns = append(assigns, fmt.Sprintf("%s = EXCLUDED.%s", quoteColumn(c), quoteColumn(c)))
 		}
-		for _, c := range in.Inc {
-			col := quoteColumn(c.Name)
-			// The target table's own value plus the increment: on conflict
-			// the inserted value is the increment itself.
-			sets = append(sets, fmt.Sprintf("%s = %s.%s + EXCLUDED.%s", col, table, col, col))
+		for _, c := range incs {
+			// The stored value plus the increment; a new row gets the
+			// increment itself.
+			assigns = append(assigns, fmt.Sprintf("%s = %s.%s + EXCLUDED.%s", quoteColumn(c), t, quoteColumn(c), quoteColumn(c)))
 		}
-		if len(sets) == 0 {
-			return q + fmt.Sprintf(" ON CONFLICT (%s) DO NOTHING", strings.Join(keys, ", ")), nil
+		if len(assigns) == 0 {
+			return q + fmt.Sprintf(" ON CONFLICT (%s) DO NOTHING", strings.Join(keyCols, ", ")), nil
 		}
-		return q + fmt.Sprintf(" ON CONFLICT (%s) DO UPDATE SET %s", strings.Join(keys, ", "), strings.Join(sets, ", ")), nil
+		return q + fmt.Sprintf(" ON CONFLICT (%s) DO UPDATE SET %s", strings.Join(keyCols, ", "), strings.Join(assigns, ", ")), nil
 	case event.OpUpdate:
-		var sets, where []string
-		for _, c := range in.Set {
-			sets = append(sets, fmt.Sprintf("%s = %s", quoteColumn(c.Name), param()))
+		var assigns, where []string
+		for _, c := range sets {
+			assigns = append(assigns, fmt.Sprintf("%s = %s", quoteColumn(c), val[c]))
 		}
-		for _, c := range in.Inc {
-			col := quoteColumn(c.Name)
-			sets = append(sets, fmt.Sprintf("%s = %s + %s", col, col, param()))
+		for _, c := range incs {
+			assigns = append(assigns, fmt.Sprintf("%s = %s.%s + %s", quoteColumn(c), t, quoteColumn(c), val[c]))
 		}
-		for _, c := range in.Key {
-			where = append(where, fmt.Sprintf("%s = %s", quoteColumn(c.Name), param()))
+		for _, c := range keys {
+			where = append(where, fmt.Sprintf("%s.%s = %s", t, quoteColumn(c), val[c]))
 		}
-		if len(sets) == 0 || len(where) == 0 {
+		if len(assigns) == 0 || len(where) == 0 {
 			return "", fmt.Errorf("update on %s needs key and set or inc columns", in.Table)
 		}
-		return fmt.Sprintf("UPDATE %s SET %s WHERE %s", table, strings.Join(sets, ", "), strings.Join(where, " AND ")), nil
+		return fmt.Sprintf("UPDATE %s AS %s SET %s FROM %s WHERE %s", table, t,
+			strings.Join(assigns, ", "), from, strings.Join(where, " AND ")), nil
 	case event.OpDelete:
 		var where []string
-		for _, c := range in.Key {
-			where = append(where, fmt.Sprintf("%s = %s", quoteColumn(c.Name), param()))
+		for _, c := range keys {
+			where = append(where, fmt.Sprintf("%s.%s = %s", t, quoteColumn(c), val[c]))
 		}
 		if len(where) == 0 {
 			return "", fmt.Errorf("delete on %s needs key columns", in.Table)
 		}
-		return fmt.Sprintf("DELETE FROM %s WHERE %s", table, strings.Join(where, " AND ")), nil
+		return fmt.Sprintf("DELETE FROM %s AS %s USING %s WHERE %s", table, t, from, strings.Join(where, " AND ")), nil
 	}
 	return "", fmt.Errorf("intent op %q cannot be rendered", in.Op)
 }

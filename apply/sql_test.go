@@ -3,75 +3,117 @@ package apply
 import (
 	"reflect"
 	"testing"
+	"time"
 
 	"github.com/pgscribe/pgscribe/event"
 )
 
-func TestRender(t *testing.T) {
+func col(name string, v any) event.Column { return event.Column{Name: name, Value: v} }
+
+func TestBuildGroupSQL(t *testing.T) {
+	types := columnTypes{"account_id": "text", "owner": "text", "balance": "bigint", "k": "integer"}
 	tests := []struct {
-		name     string
-		in       event.Intent
-		wantSQL  string
-		wantArgs []any
-		wantErr  bool
+		name    string
+		in      event.Intent
+		want    string
+		wantErr bool
 	}{
 		{
-			name:     "insert",
-			in:       event.Intent{Op: event.OpInsert, Table: "activity", Key: []event.Column{{Name: "id", Value: "e1"}}, Set: []event.Column{{Name: "type", Value: "T"}}},
-			wantSQL:  `INSERT INTO "activity" ("id", "type") VALUES ($1, $2)`,
-			wantArgs: []any{"e1", "T"},
+			name: "insert",
+			in:   event.Intent{Op: event.OpInsert, Table: "activity", Set: []event.Column{col("id", "e1"), col("owner", "o")}},
+			want: `INSERT INTO "activity" AS pgscribe_t ("id", "owner") SELECT u.c1, u.c2::text FROM unnest($1::text[], $2::text[]) AS u(c1, c2)`,
 		},
 		{
-			name:     "upsert with inc and schema",
-			in:       event.Intent{Op: event.OpUpsert, Table: "rm.balances", Key: []event.Column{{Name: "account_id", Value: "a"}}, Set: []event.Column{{Name: "owner", Value: "o"}}, Inc: []event.Column{{Name: "balance", Value: int64(5)}}},
-			wantSQL:  `INSERT INTO "rm"."balances" ("account_id", "owner", "balance") VALUES ($1, $2, $3) ON CONFLICT ("account_id") DO UPDATE SET "owner" = EXCLUDED."owner", "balance" = "rm"."balances"."balance" + EXCLUDED."balance"`,
-			wantArgs: []any{"a", "o", int64(5)},
+			name: "upsert with inc and schema",
+			in:   event.Intent{Op: event.OpUpsert, Table: "rm.balances", Key: []event.Column{col("account_id", "a")}, Set: []event.Column{col("owner", "o")}, Inc: []event.Column{col("balance", int64(5))}},
+			want: `INSERT INTO "rm"."balances" AS pgscribe_t ("account_id", "owner", "balance") SELECT u.c1::text, u.c2::text, u.c3::bigint FROM unnest($1::text[], $2::text[], $3::text[]) AS u(c1, c2, c3) ON CONFLICT ("account_id") DO UPDATE SET "owner" = EXCLUDED."owner", "balance" = pgscribe_t."balance" + EXCLUDED."balance"`,
 		},
 		{
-			name:     "upsert key only",
-			in:       event.Intent{Op: event.OpUpsert, Table: "seen", Key: []event.Column{{Name: "id", Value: "x"}}},
-			wantSQL:  `INSERT INTO "seen" ("id") VALUES ($1) ON CONFLICT ("id") DO NOTHING`,
-			wantArgs: []any{"x"},
+			name: "upsert key only",
+			in:   event.Intent{Op: event.OpUpsert, Table: "seen", Key: []event.Column{col("k", 1)}},
+			want: `INSERT INTO "seen" AS pgscribe_t ("k") SELECT u.c1::integer FROM unnest($1::text[]) AS u(c1) ON CONFLICT ("k") DO NOTHING`,
 		},
 		{
-			name:     "update",
-			in:       event.Intent{Op: event.OpUpdate, Table: "b", Key: []event.Column{{Name: "k", Value: 1}}, Set: []event.Column{{Name: "s", Value: 2}}, Inc: []event.Column{{Name: "n", Value: 3}}},
-			wantSQL:  `UPDATE "b" SET "s" = $1, "n" = "n" + $2 WHERE "k" = $3`,
-			wantArgs: []any{2, 3, 1},
+			name: "update",
+			in:   event.Intent{Op: event.OpUpdate, Table: "b", Key: []event.Column{col("k", 1)}, Set: []event.Column{col("owner", "x")}, Inc: []event.Column{col("balance", 3)}},
+			want: `UPDATE "b" AS pgscribe_t SET "owner" = u.c2::text, "balance" = pgscribe_t."balance" + u.c3::bigint FROM unnest($1::text[], $2::text[], $3::text[]) AS u(c1, c2, c3) WHERE pgscribe_t."k" = u.c1::integer`,
 		},
 		{
-			name:     "delete",
-			in:       event.Intent{Op: event.OpDelete, Table: "b", Key: []event.Column{{Name: "k", Value: 1}, {Name: "j", Value: 2}}},
-			wantSQL:  `DELETE FROM "b" WHERE "k" = $1 AND "j" = $2`,
-			wantArgs: []any{1, 2},
+			name: "delete",
+			in:   event.Intent{Op: event.OpDelete, Table: "b", Key: []event.Column{col("k", 1), col("account_id", "a")}},
+			want: `DELETE FROM "b" AS pgscribe_t USING unnest($1::text[], $2::text[]) AS u(c1, c2) WHERE pgscribe_t."k" = u.c1::integer AND pgscribe_t."account_id" = u.c2::text`,
 		},
 		{
-			name:     "hostile identifier is quoted",
-			in:       event.Intent{Op: event.OpDelete, Table: `x"; drop table y; --`, Key: []event.Column{{Name: `a"b`, Value: 1}}},
-			wantSQL:  `DELETE FROM "x""; drop table y; --" WHERE "a""b" = $1`,
-			wantArgs: []any{1},
+			name: "hostile identifiers are quoted",
+			in:   event.Intent{Op: event.OpDelete, Table: `x"; drop table y; --`, Key: []event.Column{col(`a"b`, 1)}},
+			want: `DELETE FROM "x""; drop table y; --" AS pgscribe_t USING unnest($1::text[]) AS u(c1) WHERE pgscribe_t."a""b" = u.c1`,
 		},
-		{name: "update without set", in: event.Intent{Op: event.OpUpdate, Table: "b", Key: []event.Column{{Name: "k", Value: 1}}}, wantErr: true},
+		{name: "update without set", in: event.Intent{Op: event.OpUpdate, Table: "b", Key: []event.Column{col("k", 1)}}, wantErr: true},
 		{name: "fail is not rendered", in: event.Intent{Op: event.OpFail}, wantErr: true},
 	}
-	r := newRenderer()
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			for i := 0; i < 2; i++ { // second pass hits the cache
-				sql, args, err := r.render(&tt.in)
-				if (err != nil) != tt.wantErr {
-					t.Fatalf("err = %v, wantErr %v", err, tt.wantErr)
-				}
-				if tt.wantErr {
-					return
-				}
-				if sql != tt.wantSQL {
-					t.Fatalf("sql =\n%s\nwant\n%s", sql, tt.wantSQL)
-				}
-				if !reflect.DeepEqual(args, tt.wantArgs) {
-					t.Fatalf("args = %#v, want %#v", args, tt.wantArgs)
-				}
+			got, err := buildGroupSQL(&tt.in, types)
+			if (err != nil) != tt.wantErr {
+				t.Fatalf("err = %v, wantErr %v", err, tt.wantErr)
+			}
+			if got != tt.want {
+				t.Fatalf("sql =\n%s\nwant\n%s", got, tt.want)
 			}
 		})
 	}
 }
+
+func TestGroupArgs(t *testing.T) {
+	a := &event.Intent{Op: event.OpUpsert, Table: "b", Key: []event.Column{col("k", "a")}, Inc: []event.Column{col("n", int64(1))}}
+	b := &event.Intent{Op: event.OpUpsert, Table: "b", Key: []event.Column{col("k", "b")}, Inc: []event.Column{col("n", 2.5)}}
+	s := newStatements()
+	_, args, err := s.groupSQL(&group{shape: shapeOf(a), first: a, rows: []*event.Intent{a, b}}, columnTypes{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	str := func(v string) *string { return &v }
+	want := []any{[]*string{str("a"), str("b")}, []*string{str("1"), str("2.5")}}
+	if !reflect.DeepEqual(args, want) {
+		t.Fatalf("args = %v", args)
+	}
+}
+
+func TestTextValue(t *testing.T) {
+	ts := time.Date(2026, 1, 2, 3, 4, 5, 123456000, time.UTC)
+	tests := []struct {
+		name string
+		in   any
+		want string
+		null bool
+	}{
+		{name: "nil", in: nil, null: true},
+		{name: "int64 exact", in: int64(9007199254740993), want: "9007199254740993"},
+		{name: "float", in: 0.1, want: "0.1"},
+		{name: "float infinity", in: posInf(), want: "Infinity"},
+		{name: "bool", in: true, want: "true"},
+		{name: "time keeps zone and micros", in: ts, want: "2026-01-02 03:04:05.123456Z"},
+		{name: "duration", in: 1500 * time.Millisecond, want: "1500000 microseconds"},
+		{name: "map as json", in: map[string]any{"a": int64(1)}, want: `{"a":1}`},
+		{name: "slice as json", in: []any{"x", int64(2)}, want: `["x",2]`},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got, err := textValue(tt.in)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if tt.null {
+				if got != nil {
+					t.Fatalf("got %q, want NULL", *got)
+				}
+				return
+			}
+			if got == nil || *got != tt.want {
+				t.Fatalf("got %v, want %q", got, tt.want)
+			}
+		})
+	}
+}
+
+func posInf() float64 { var z float64; return 1 / z }

@@ -1,0 +1,247 @@
+package apply
+
+import (
+	"encoding/json"
+	"fmt"
+	"math"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/pgscribe/pgscribe/event"
+)
+
+// The batched write path. A batch's intents are folded and grouped into as
+// few multi-row statements as keep the result identical to applying them
+// one by one in order:
+//
+//   - Consecutive intents on the same row (same table, key columns and key
+//     values) with the same shape fold into one: inc values add, set values
+//     take the later one. That is exact for update and upsert (an upsert
+//     folded with an upsert inserts the summed increment or adds it).
+//   - Every other intent on a row goes one layer after the previous intent
+//     on that row. Within a layer each row appears at most once, so one
+//     multi-row statement per (layer, shape) never touches a row twice.
+//   - Layers run in order; within a layer, statements run in the order their
+//     shapes first appeared.
+//
+// Batches whose row identity is ambiguous fall back to one statement per
+// intent in order: any op = "sql" intent (arbitrary SQL), or a table written
+// through different key column sets, or a keyless insert into a table that
+// is also updated or deleted in the batch.
+
+// shape is what makes intents share one statement.
+type shape struct {
+	op    event.Op
+	table string
+	key   string // column names joined by \x00
+	set   string
+	inc   string
+}
+
+func shapeOf(in *event.Intent) shape {
+	return shape{op: in.Op, table: in.Table, key: names(in.Key), set: names(in.Set), inc: names(in.Inc)}
+}
+
+func names(cs []event.Column) string {
+	var b strings.Builder
+	for i, c := range cs {
+		if i > 0 {
+			b.WriteByte(0)
+		}
+		b.WriteString(c.Name)
+	}
+	return b.String()
+}
+
+// group is one multi-row statement: rows of intents of one shape.
+type group struct {
+	shape shape
+	first *event.Intent // column names come from here
+	rows  []*event.Intent
+}
+
+// rowID identifies a read-model row by its table, key columns and values.
+type rowID struct {
+	table, key, vals string
+}
+
+type rowState struct {
+	layer int
+	g     *group
+	idx   int // index in g.rows
+}
+
+// planGroups folds and groups intents. ok is false when the batch must take the
+// sequential path.
+func planGroups(intents []*event.Intent) (layers [][]*group, ok bool) {
+	keysOf := map[string]string{} // table → key column set used
+	keyless := map[string]bool{}  // table has a keyless insert
+	modified := map[string]bool{} // table has update/delete/upsert
+	for _, in := range intents {
+		if in.Op == event.OpSQL {
+			return nil, false
+		}
+		if len(in.Key) == 0 {
+			keyless[in.Table] = true
+			continue
+		}
+		k := names(in.Key)
+		if prev, seen := keysOf[in.Table]; seen && prev != k {
+			return nil, false
+		}
+		keysOf[in.Table] = k
+		if in.Op != event.OpInsert {
+			modified[in.Table] = true
+		}
+	}
+	for t := range keyless {
+		if modified[t] {
+			return nil, false
+		}
+	}
+
+	rows := map[rowID]*rowState{}
+	type layerGroups struct {
+		byShape map[shape]*group
+		order   []*group
+	}
+	var ls []*layerGroups
+	groupAt := func(layer int, sh shape, in *event.Intent) *group {
+		for len(ls) <= layer {
+			ls = append(ls, &layerGroups{byShape: map[shape]*group{}})
+		}
+		l := ls[layer]
+		g := l.byShape[sh]
+		if g == nil {
+			g = &group{shape: sh, first: in}
+			l.byShape[sh] = g
+			l.order = append(l.order, g)
+		}
+		return g
+	}
+	for _, in := range intents {
+		sh := shapeOf(in)
+		if len(in.Key) == 0 {
+			g := groupAt(0, sh, in)
+			g.rows = append(g.rows, in)
+			continue
+		}
+		id := rowID{table: in.Table, key: sh.key, vals: keyValues(in.Key)}
+		st := rows[id]
+		layer := 0
+		if st != nil {
+			if st.g.shape == sh && (sh.op == event.OpUpdate || sh.op == event.OpUpsert) {
+				if merged, ok := fold(st.g.rows[st.idx], in); ok {
+					st.g.rows[st.idx] = merged
+					continue
+				}
+			}
+			layer = st.layer + 1
+		}
+		g := groupAt(layer, sh, in)
+		g.rows = append(g.rows, in)
+		rows[id] = &rowState{layer: layer, g: g, idx: len(g.rows) - 1}
+	}
+	layers = make([][]*group, len(ls))
+	for i, l := range ls {
+		layers[i] = l.order
+	}
+	return layers, true
+}
+
+// keyValues renders key values into a comparable string. Values of
+// different Go types never compare equal, as in SQL after parameter typing
+// they might — so two intents whose keys differ only in type count as two
+// rows; they then land in one layer only if the database sees them as
+// distinct too, and otherwise the statement fails and the batch is isolated.
+func keyValues(cs []event.Column) string {
+	var b strings.Builder
+	for _, c := range cs {
+		fmt.Fprintf(&b, "%T:%v\x00", c.Value, c.Value)
+	}
+	return b.String()
+}
+
+// fold merges b into a (same row, same shape, b after a). The result is a
+// new intent; a and b are not modified.
+func fold(a, b *event.Intent) (*event.Intent, bool) {
+	inc := make([]event.Column, len(a.Inc))
+	for i := range a.Inc {
+		v, ok := addValues(a.Inc[i].Value, b.Inc[i].Value)
+		if !ok {
+			return nil, false
+		}
+		inc[i] = event.Column{Name: a.Inc[i].Name, Value: v}
+	}
+	m := *b
+	m.Inc = inc
+	return &m, true
+}
+
+// addValues adds two increments; false when they cannot be folded exactly
+// (int64 overflow, or a non-number).
+func addValues(x, y any) (any, bool) {
+	switch a := x.(type) {
+	case int64:
+		switch b := y.(type) {
+		case int64:
+			s := a + b
+			if (b > 0 && s < a) || (b < 0 && s > a) {
+				return nil, false
+			}
+			return s, true
+		case float64:
+			return float64(a) + b, true
+		}
+	case float64:
+		switch b := y.(type) {
+		case int64:
+			return a + float64(b), true
+		case float64:
+			return a + b, true
+		}
+	}
+	return nil, false
+}
+
+// textValue renders a value as PostgreSQL input text. Statements take every
+// value as text and cast it to the column's type in SQL, so a value that
+// does not fit its column fails in PostgreSQL with a data-exception SQLSTATE
+// (22P02, 22003 …): an integrity-class error that dead-letters the one event,
+// rather than a client-side encoding error that could not be attributed.
+func textValue(v any) (*string, error) {
+	var s string
+	switch x := v.(type) {
+	case nil:
+		return nil, nil
+	case string:
+		s = x
+	case int64:
+		s = strconv.FormatInt(x, 10)
+	case int:
+		s = strconv.Itoa(x)
+	case float64:
+		if math.IsNaN(x) || math.IsInf(x, 0) {
+			s = strconv.FormatFloat(x, 'g', -1, 64)
+			s = strings.NewReplacer("+Inf", "Infinity", "-Inf", "-Infinity").Replace(s)
+		} else {
+			s = strconv.FormatFloat(x, 'g', -1, 64)
+		}
+	case bool:
+		s = strconv.FormatBool(x)
+	case time.Time:
+		s = x.Format("2006-01-02 15:04:05.999999999Z07:00")
+	case time.Duration:
+		s = strconv.FormatInt(x.Microseconds(), 10) + " microseconds"
+	case []byte:
+		s = string(x)
+	default:
+		b, err := json.Marshal(x)
+		if err != nil {
+			return nil, fmt.Errorf("encode %T as JSON: %w", v, err)
+		}
+		s = string(b)
+	}
+	return &s, nil
+}
