@@ -123,7 +123,7 @@ func (m *Metrics) For(name string, version int64) *Projection {
 		m.Batches.WithLabelValues(name, v, r)
 	}
 	for _, g := range []*prometheus.GaugeVec{m.LagSeconds, m.LagBytes, m.Backlog, m.WatermarkLSN, m.Active, m.Halted,
-		m.WatermarkTime, m.SlotRetained} {
+		m.WatermarkTime, m.SlotRetained, m.BackfillDone, m.BackfillTotal} {
 		g.WithLabelValues(name, v)
 	}
 	m.StreamGaps.WithLabelValues(name, v)
