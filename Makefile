@@ -62,3 +62,24 @@ bench: ## run the benchmarks (placeholder)
 
 clean: ## remove build outputs and caches
 	rm -rf bin .cache
+
+# Checks of deploy/: promtool validates and unit-tests the alerting rules, and
+# the Go test in deploy/ checks every alert and dashboard query against the
+# metrics pgscribe exports. promtool comes from Debian's `prometheus` package;
+# without it the rule checks are skipped with a note, except in CI.
+PROMTOOL ?= promtool
+
+.PHONY: lint-deploy
+lint-deploy: ## check the Prometheus alert rules (promtool) and the Grafana dashboard
+	@if command -v $(PROMTOOL) >/dev/null 2>&1; then \
+		$(PROMTOOL) check rules deploy/prometheus/pgscribe-rules.yml; \
+		(cd deploy/prometheus && $(PROMTOOL) test rules pgscribe-rules.test.yml); \
+	elif [ -n "$${CI:-}" ]; then \
+		echo "lint-deploy: promtool not found (apt-get install prometheus)" >&2; exit 1; \
+	else \
+		echo "lint-deploy: promtool not found; skipping the rule checks (apt-get install prometheus)"; \
+	fi
+	$(GO) test -count=1 ./deploy/
+
+# `make test` runs the deploy checks too (CI runs `make test`).
+test: lint-deploy
