@@ -1,0 +1,328 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/exec"
+	"regexp"
+	"runtime/pprof"
+	"strconv"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/pgscribe/pgscribe/config"
+	"github.com/pgscribe/pgscribe/engine"
+)
+
+// stopTimeout bounds a graceful stop of the engine before it is killed.
+const stopTimeout = 2 * time.Minute
+
+// engineProc is one running engine: the pgscribe binary as a child process,
+// or engine.RunAll inside the bench (for CPU profiles).
+type engineProc struct {
+	pid       int // whose /proc entry measures it
+	inProcess bool
+	started   time.Time
+	log       *logWatch
+	done      chan struct{} // closed when the engine has exited
+	exitErr   error         // valid once done is closed
+
+	signal      func() // asks for a graceful stop
+	kill        func()
+	profile     *os.File // in-process CPU profile being written, or nil
+	profileOnce sync.Once
+}
+
+// startBinary runs `bin run -config cfgPath`, its output to logPath.
+func startBinary(bin, cfgPath, logPath string) (*engineProc, error) {
+	lw, err := newLogWatch(logPath)
+	if err != nil {
+		return nil, err
+	}
+	cmd := exec.Command(bin, "run", "-config", cfgPath)
+	cmd.Stdout, cmd.Stderr = lw, lw // one writer: exec serialises the writes
+	if err := cmd.Start(); err != nil {
+		lw.Close()
+		return nil, fmt.Errorf("start %s: %w", bin, err)
+	}
+	p := &engineProc{pid: cmd.Process.Pid, started: time.Now(), log: lw, done: make(chan struct{}),
+		signal: func() { _ = cmd.Process.Signal(syscall.SIGTERM) },
+		kill:   func() { _ = cmd.Process.Kill() }}
+	go func() {
+		p.exitErr = cmd.Wait()
+		lw.Close()
+		close(p.done)
+	}()
+	return p, nil
+}
+
+// startInProcess runs engine.RunAll on cfgPath inside this process with the
+// CPU profiler on, writing profilePath until stopProfile (or exit).
+func startInProcess(cfgPath, logPath, profilePath string) (*engineProc, error) {
+	cfg, err := config.Load(cfgPath)
+	if err != nil {
+		return nil, err
+	}
+	lw, err := newLogWatch(logPath)
+	if err != nil {
+		return nil, err
+	}
+	prof, err := os.Create(profilePath)
+	if err != nil {
+		lw.Close()
+		return nil, err
+	}
+	if err := pprof.StartCPUProfile(prof); err != nil {
+		prof.Close()
+		lw.Close()
+		return nil, err
+	}
+	ctx, stop := context.WithCancel(context.Background())
+	hard, hardStop := context.WithCancel(context.Background())
+	p := &engineProc{pid: os.Getpid(), inProcess: true, started: time.Now(), log: lw, done: make(chan struct{}),
+		signal: stop, kill: hardStop, profile: prof}
+	logger := slog.New(slog.NewTextHandler(lw, nil))
+	go func() {
+		p.exitErr = engine.RunAll(ctx, cfg, engine.RunOptions{Version: "bench", Logger: logger, Hard: hard})
+		p.stopProfile()
+		lw.Close()
+		stop()
+		hardStop()
+		close(p.done)
+	}()
+	return p, nil
+}
+
+// stopProfile ends the in-process CPU profile; a no-op otherwise.
+func (p *engineProc) stopProfile() {
+	if p.profile == nil {
+		return
+	}
+	p.profileOnce.Do(func() {
+		pprof.StopCPUProfile()
+		_ = p.profile.Close()
+	})
+}
+
+// exited reports whether the engine has stopped.
+func (p *engineProc) exited() bool {
+	select {
+	case <-p.done:
+		return true
+	default:
+		return false
+	}
+}
+
+// check returns an error when the engine exited or logged an error.
+func (p *engineProc) check() error {
+	if p.exited() {
+		return fmt.Errorf("engine exited early (%v); see %s", p.exitErr, p.log.path)
+	}
+	if e := p.log.firstError(); e != "" {
+		return fmt.Errorf("engine logged an error: %s (see %s)", e, p.log.path)
+	}
+	return nil
+}
+
+// stop stops the engine gracefully (SIGTERM, or cancelling RunAll), killing
+// it after stopTimeout.
+func (p *engineProc) stop() error {
+	p.stopProfile()
+	if p.exited() {
+		return p.exitErr
+	}
+	p.signal()
+	select {
+	case <-p.done:
+	case <-time.After(stopTimeout):
+		p.kill()
+		<-p.done
+		return fmt.Errorf("engine did not stop within %s; killed", stopTimeout)
+	}
+	return p.exitErr
+}
+
+// sample is the engine's and the server's resource use at one instant.
+type sample struct {
+	at    time.Time
+	cpu   time.Duration // engine process CPU
+	pgCPU time.Duration // PostgreSQL's CPU (0 when not measurable)
+	pgOK  bool
+	hwm   int64 // engine peak RSS so far
+}
+
+func (b *bench) sample(p *engineProc) sample {
+	s := sample{at: time.Now()}
+	s.cpu, _ = processCPU(p.pid)
+	s.hwm, _ = peakRSS(p.pid)
+	s.pgCPU, s.pgOK = b.srv.cpu()
+	return s
+}
+
+// waitAccounted polls (every 100 ms) until every target has accounted for
+// n events. It returns the resources sampled at that instant and, per
+// projection, how long after the engine's start it got there.
+func (b *bench) waitAccounted(ctx context.Context, db *database, p *engineProc, targets []target, n int64) (sample, map[string]time.Duration, error) {
+	// Generous: a run slower than 1,000 events/s is broken, not slow.
+	timeout := max(2*time.Minute, time.Duration(n/1000)*time.Second)
+	var at sample
+	reached := map[string]time.Duration{}
+	err := waitFor(ctx, timeout, 100*time.Millisecond, fmt.Sprintf("%d events accounted for", n), func() (bool, error) {
+		if err := p.check(); err != nil {
+			return false, err
+		}
+		for _, t := range targets {
+			if _, ok := reached[t.projection]; ok {
+				continue
+			}
+			got, err := db.accounted(ctx, t.projection, t.version)
+			if err != nil {
+				return false, err
+			}
+			if got >= n {
+				reached[t.projection] = time.Since(p.started)
+			}
+		}
+		if len(reached) < len(targets) {
+			return false, nil
+		}
+		at = b.sample(p)
+		return true, nil
+	})
+	return at, reached, err
+}
+
+// waitLive waits until every target is live (its backfill done).
+func (b *bench) waitLive(ctx context.Context, db *database, p *engineProc, targets []target) error {
+	return waitFor(ctx, 5*time.Minute, 100*time.Millisecond, "projections live", func() (bool, error) {
+		if err := p.check(); err != nil {
+			return false, err
+		}
+		for _, t := range targets {
+			ph, err := db.phase(ctx, t.projection, t.version)
+			if err != nil || ph != "live" {
+				return false, err
+			}
+			if !p.log.live(t.projection) {
+				return false, nil // stored as live, streaming not started yet
+			}
+		}
+		return true, nil
+	})
+}
+
+// backfillLog is what the engine logged when a backfill completed.
+type backfillLog struct {
+	events  int64
+	seconds float64
+	rate    float64 // events_per_second
+}
+
+// logWatch copies the engine's log to a file and picks out the lines the
+// bench reads: backfill completions, state changes and errors.
+type logWatch struct {
+	path string
+	f    *os.File
+
+	mu       sync.Mutex
+	partial  []byte
+	backfill map[string]backfillLog // by projection
+	isLive   map[string]bool
+	errs     []string
+}
+
+func newLogWatch(path string) (*logWatch, error) {
+	f, err := os.Create(path)
+	if err != nil {
+		return nil, err
+	}
+	return &logWatch{path: path, f: f, backfill: map[string]backfillLog{}, isLive: map[string]bool{}}, nil
+}
+
+var _ io.Writer = (*logWatch)(nil)
+
+func (w *logWatch) Write(b []byte) (int, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.f != nil {
+		_, _ = w.f.Write(b)
+	}
+	w.partial = append(w.partial, b...)
+	for {
+		i := bytes.IndexByte(w.partial, '\n')
+		if i < 0 {
+			break
+		}
+		w.line(string(w.partial[:i]))
+		w.partial = w.partial[i+1:]
+	}
+	return len(b), nil
+}
+
+// Close closes the copy; later writes are still parsed.
+func (w *logWatch) Close() {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.f != nil {
+		_ = w.f.Close()
+		w.f = nil
+	}
+}
+
+var logField = regexp.MustCompile(`([A-Za-z_][A-Za-z0-9_.]*)=("(?:[^"\\]|\\.)*"|\S*)`)
+
+// parseLogLine reads the key=value pairs of a slog text line.
+func parseLogLine(line string) map[string]string {
+	kv := map[string]string{}
+	for _, m := range logField.FindAllStringSubmatch(line, -1) {
+		v := m[2]
+		if u, err := strconv.Unquote(v); err == nil && len(v) > 0 && v[0] == '"' {
+			v = u
+		}
+		kv[m[1]] = v
+	}
+	return kv
+}
+
+func (w *logWatch) line(line string) {
+	kv := parseLogLine(line)
+	switch {
+	case kv["level"] == "ERROR":
+		w.errs = append(w.errs, kv["msg"]+": "+kv["err"])
+	case kv["msg"] == "backfill complete":
+		n, _ := strconv.ParseInt(kv["events"], 10, 64)
+		s, _ := strconv.ParseFloat(kv["seconds"], 64)
+		r, _ := strconv.ParseFloat(kv["events_per_second"], 64)
+		w.backfill[kv["projection"]] = backfillLog{events: n, seconds: s, rate: r}
+	case kv["msg"] == "state" && kv["state"] == "live":
+		w.isLive[kv["projection"]] = true
+	}
+}
+
+func (w *logWatch) firstError() string {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if len(w.errs) == 0 {
+		return ""
+	}
+	return w.errs[0]
+}
+
+func (w *logWatch) live(projection string) bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.isLive[projection]
+}
+
+func (w *logWatch) backfillOf(projection string) (backfillLog, bool) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	b, ok := w.backfill[projection]
+	return b, ok
+}

@@ -1,0 +1,254 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"path/filepath"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// live is W4: the engine runs live (activity projection: one row per event,
+// keyed by event id) while a paced producer appends at each rate in turn.
+// Latency is measured by PostgreSQL alone, independent of the engine's
+// clocks: from the commit of the event's transaction to the commit of the
+// transaction that wrote its read-model row (track_commit_timestamp).
+func (b *bench) live(ctx context.Context) error {
+	o := b.opts
+	targets := targetsOf([]model{activityModel}, 1)
+	db, cfg, err := b.setup(ctx, "W4", targets)
+	if err != nil {
+		return err
+	}
+	defer b.srv.drop(context.WithoutCancel(ctx), db)
+	step := time.Duration(max(o.w4Seconds*o.scale, 2) * float64(time.Second))
+	w := b.res.workload("W4", "live: paced producer, end-to-end latency (activity)",
+		fmt.Sprintf("%s per rate; %d producer connections each committing what is due every %s, over %s streams",
+			step, o.w4Producers, o.w4Tick, thousands(o.streams)), 0)
+
+	p, err := startBinary(o.bin, cfg, filepath.Join(o.rawDir, "w4-engine.log"))
+	if err != nil {
+		return err
+	}
+	defer func() { _ = p.stop() }()
+	if err := b.waitLive(ctx, db, p, targets); err != nil {
+		return err
+	}
+	prod, err := newProducer(ctx, db, o.w4Producers, o.streams, o.w4Tick)
+	if err != nil {
+		return err
+	}
+	defer prod.close(context.WithoutCancel(ctx))
+
+	// Warm up (connections, prepared statements, caches), then measure.
+	total, err := prod.run(ctx, 200, 2*time.Second)
+	if err != nil {
+		return err
+	}
+	if _, _, err := b.waitAccounted(ctx, db, p, targets, total); err != nil {
+		return err
+	}
+	for _, rate := range o.w4Rates {
+		row := LatencyRow{TargetRate: rate, Seconds: step.Seconds(), Load: loadAverage()}
+		say("W4: %d events/s for %s (load %s) …", rate, step, row.Load)
+		pos0, err := maxPosition(ctx, db)
+		if err != nil {
+			return err
+		}
+		s0 := b.sample(p)
+		start := time.Now()
+		sent, err := prod.run(ctx, rate, step)
+		if err != nil {
+			return err
+		}
+		row.Achieved = float64(sent) / time.Since(start).Seconds()
+		pos1, err := maxPosition(ctx, db)
+		if err != nil {
+			return err
+		}
+		total += sent
+		s1, _, err := b.waitAccounted(ctx, db, p, targets, total)
+		if err != nil {
+			return err
+		}
+		row.Events = sent
+		row.CPUPerEvent = us(s1.cpu-s0.cpu) / float64(sent)
+		row.PGCPUPerEvent = -1
+		if s0.pgOK && s1.pgOK {
+			row.PGCPUPerEvent = us(s1.pgCPU-s0.pgCPU) / float64(sent)
+		}
+		row.PeakRSSMB = mb(s1.hwm)
+		if err := latency(ctx, db, pos0, pos1, &row); err != nil {
+			return err
+		}
+		say("W4: %d/s → achieved %.0f/s, p50 %.1f ms, p99 %.1f ms, max %.1f ms", rate, row.Achieved, row.P50, row.P99, row.Max)
+		w.Latency = append(w.Latency, row)
+	}
+	if err := p.stop(); err != nil {
+		return fmt.Errorf("engine stop: %w", err)
+	}
+	return nil
+}
+
+func maxPosition(ctx context.Context, db *database) (int64, error) {
+	var n int64
+	err := db.pool.QueryRow(ctx, "SELECT coalesce(max(position), 0) FROM events").Scan(&n)
+	return n, err
+}
+
+// latency fills the percentiles of the commit-to-commit latency of the
+// events with position in (lo, hi].
+func latency(ctx context.Context, db *database, lo, hi int64, row *LatencyRow) error {
+	var measured int64
+	err := db.pool.QueryRow(ctx, `
+SELECT count(*),
+  coalesce(percentile_cont(0.5) WITHIN GROUP (ORDER BY ms), 0),
+  coalesce(percentile_cont(0.99) WITHIN GROUP (ORDER BY ms), 0),
+  coalesce(max(ms), 0)
+FROM (SELECT extract(epoch FROM pg_xact_commit_timestamp(a.xmin) - pg_xact_commit_timestamp(e.xmin)) * 1000 AS ms
+      FROM events e JOIN account_activity a ON a.event_id = e.id
+      WHERE e.position > $1 AND e.position <= $2) l`, lo, hi).Scan(&measured, &row.P50, &row.P99, &row.Max)
+	if err != nil {
+		return fmt.Errorf("latency: %w", err)
+	}
+	if measured != hi-lo {
+		return fmt.Errorf("latency: %d of %d events have a read-model row", measured, hi-lo)
+	}
+	return nil
+}
+
+// producer appends account events at a paced rate over several
+// connections. Each connection owns a disjoint set of streams, so stream
+// positions never collide, and commits every tick whatever its share of the
+// rate says is due by then (an absolute schedule: a slow commit is caught
+// up by the next one, not lost).
+type producer struct {
+	conns   []*pgx.Conn
+	tick    time.Duration
+	streams int64
+	next    [][]int64 // per connection, per owned stream: next stream_position
+	cursor  []int     // per connection: next owned stream to write to
+	seq     int64     // events appended so far (for payloads)
+	mu      sync.Mutex
+}
+
+func newProducer(ctx context.Context, db *database, conns int, streams int64, tick time.Duration) (*producer, error) {
+	conns = max(conns, 1)
+	p := &producer{tick: tick, streams: streams, next: make([][]int64, conns), cursor: make([]int, conns)}
+	for k := 0; k < conns; k++ {
+		c, err := pgx.Connect(ctx, db.dsn)
+		if err != nil {
+			p.close(ctx)
+			return nil, err
+		}
+		p.conns = append(p.conns, c)
+		owned := (streams - int64(k) + int64(conns) - 1) / int64(conns)
+		p.next[k] = make([]int64, owned)
+		for i := range p.next[k] {
+			p.next[k][i] = 1
+		}
+	}
+	return p, nil
+}
+
+func (p *producer) close(ctx context.Context) {
+	for _, c := range p.conns {
+		_ = c.Close(ctx)
+	}
+}
+
+// run appends rate events/s for d and returns how many it appended.
+func (p *producer) run(ctx context.Context, rate int, d time.Duration) (int64, error) {
+	share := float64(rate) / float64(len(p.conns))
+	start := time.Now()
+	sent := make([]int64, len(p.conns))
+	errs := make([]error, len(p.conns))
+	var wg sync.WaitGroup
+	for k := range p.conns {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			t := time.NewTicker(p.tick)
+			defer t.Stop()
+			for {
+				select {
+				case <-ctx.Done():
+					errs[k] = ctx.Err()
+					return
+				case <-t.C:
+				}
+				el := min(time.Since(start), d)
+				if due := int64(share*el.Seconds()) - sent[k]; due > 0 {
+					if err := p.append(ctx, k, due); err != nil {
+						errs[k] = err
+						return
+					}
+					sent[k] += due
+				}
+				if el >= d {
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	var total int64
+	for k := range sent {
+		if errs[k] != nil {
+			return total, errs[k]
+		}
+		total += sent[k]
+	}
+	return total, nil
+}
+
+const appendSQL = `INSERT INTO events (stream_id, stream_position, type, data, metadata)
+SELECT s, p, t, d::jsonb, m::jsonb FROM unnest($1::text[], $2::bigint[], $3::text[], $4::text[], $5::text[]) AS u (s, p, t, d, m)`
+
+// append commits n events on connection k, round-robin over its streams.
+func (p *producer) append(ctx context.Context, k int, n int64) error {
+	ids, poss := make([]string, n), make([]int64, n)
+	types, data, meta := make([]string, n), make([]string, n), make([]string, n)
+	p.mu.Lock()
+	seq := p.seq
+	p.seq += n
+	p.mu.Unlock()
+	owned := p.next[k]
+	for i := range n {
+		j := p.cursor[k]
+		p.cursor[k] = (j + 1) % len(owned)
+		stream := int64(j)*int64(len(p.conns)) + int64(k)
+		acct := fmt.Sprintf("live-%07d", stream)
+		pos := owned[j]
+		owned[j]++
+		r := rand.Int64N(1 << 30)
+		ids[i], poss[i] = acct, pos
+		switch {
+		case pos == 1:
+			types[i] = "AccountOpened"
+			data[i] = fmt.Sprintf(`{"account_id":%q,"owner":"Owner %d","initial":%d,"currency":"EUR","branch":"branch-%d","kyc":{"level":%d,"checked":true}}`,
+				acct, stream, r%10000, stream%40, 1+stream%3)
+		default:
+			types[i] = "Deposited"
+			if r%3 == 0 {
+				types[i] = "Withdrawn"
+			}
+			data[i] = fmt.Sprintf(`{"account_id":%q,"amount":%d,"currency":"EUR","reference":"tx-%d","channel":"card","description":"payment %d for order %d"}`,
+				acct, 1+r%1000, seq+i, seq+i, r%100000)
+		}
+		meta[i] = fmt.Sprintf(`{"correlation_id":%q,"causation_id":%q,"user_id":"user-%d","source":"bench","schema_version":1}`,
+			uuid(), uuid(), stream%500)
+	}
+	if _, err := p.conns[k].Exec(ctx, appendSQL, ids, poss, types, data, meta); err != nil {
+		return fmt.Errorf("append: %w", err)
+	}
+	return nil
+}
+
+func uuid() string {
+	a, b := rand.Uint64(), rand.Uint64()
+	return fmt.Sprintf("%08x-%04x-4%03x-a%03x-%012x", a>>32, (a>>16)&0xffff, a&0xfff, b>>52, b&0xffffffffffff)
+}

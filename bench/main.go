@@ -1,0 +1,227 @@
+// Command bench is what `make bench` runs: it starts its own PostgreSQL
+// through the test harness (fsync on), drives the real pgscribe binary
+// through backfill, live and WAL catch-up workloads, measures the two
+// references of DESIGN §10 in the same run (the set-based SQL ceiling and
+// the one-transaction-per-event loop), and writes RESULTS.md, results.json
+// and a chart (results.png, drawn by the nested module in chart/).
+//
+//	go run ./bench -bin bin/pgscribe [-scale 0.1] [-workloads W1,W4] [-rss-5m] [-profile]
+//
+// Quick runs (any size or workload flag) write to bench/out/ so that they
+// never overwrite the published figures in bench/; -out overrides.
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"slices"
+	"strings"
+	"syscall"
+	"time"
+)
+
+// options are the command-line flags.
+type options struct {
+	bin, configPath, schemaPath  string
+	workloads                    []string
+	scale                        float64
+	events, streams, active      int64
+	loopEvents                   int64
+	w4Seconds                    float64
+	w4Rates                      []int
+	w4Producers                  int
+	w4Tick                       time.Duration
+	w5TxEvents                   int64
+	rss5M, profile               bool
+	pgMode                       string
+	pgSet, engineSet             map[string]string
+	out, rawDir, chartDir, goCmd string
+	chart                        bool
+}
+
+var allWorkloads = []string{"W1", "W2", "W3", "W4", "W5"}
+
+// presentationFlags may be set without making a run "quick": they do not
+// change what is measured.
+var presentationFlags = map[string]bool{"bin": true, "config": true, "schema": true, "rss-5m": true,
+	"profile": true, "go": true, "chart-dir": true, "chart": true, "raw": true, "out": true}
+
+func main() {
+	o, err := parseFlags(os.Args[1:])
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "bench:", err)
+		os.Exit(2)
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := run(ctx, o); err != nil {
+		fmt.Fprintln(os.Stderr, "bench:", err)
+		os.Exit(1)
+	}
+}
+
+func parseFlags(args []string) (options, error) {
+	o := options{pgSet: map[string]string{}, engineSet: map[string]string{}}
+	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
+	fs.StringVar(&o.bin, "bin", "bin/pgscribe", "pgscribe binary to run")
+	fs.StringVar(&o.configPath, "config", "config.toml.example", "configuration whose projections the workloads run")
+	fs.StringVar(&o.schemaPath, "schema", "examples/demo/schema.sql", "read-model tables of those projections")
+	workloads := fs.String("workloads", strings.Join(allWorkloads, ","), "workloads to run, comma separated (W1…W5)")
+	fs.Float64Var(&o.scale, "scale", 1, "multiplies event counts, the loop slice and W4 durations (0.1 = smoke run)")
+	fs.Int64Var(&o.events, "events", 1_000_000, "events of the backfill and catch-up workloads (before -scale)")
+	fs.Int64Var(&o.streams, "streams", 10_000, "streams (accounts) the events spread over")
+	fs.Int64Var(&o.active, "active-streams", 1_000, "streams whose events interleave at a time in position order")
+	fs.Int64Var(&o.loopEvents, "loop-events", 20_000, "events of the per-event loop's slice (before -scale)")
+	fs.Float64Var(&o.w4Seconds, "w4-seconds", 60, "seconds of each W4 load step (before -scale)")
+	rates := fs.String("w4-rates", "1000,5000,10000", "W4 producer rates, events/s")
+	fs.IntVar(&o.w4Producers, "w4-producers", 4, "W4 producer connections (each commits every -w4-tick)")
+	fs.DurationVar(&o.w4Tick, "w4-tick", 10*time.Millisecond, "W4: each producer commits what is due every tick")
+	fs.Int64Var(&o.w5TxEvents, "w5-tx-events", 100, "W5: events per appended transaction while the engine is stopped")
+	fs.BoolVar(&o.rss5M, "rss-5m", false, "also backfill 5M events (before -scale) to compare peak RSS with 1M")
+	fs.BoolVar(&o.profile, "profile", false, "rerun W1 and W2 in-process with the CPU profiler; top functions go to RESULTS.md")
+	fs.StringVar(&o.pgMode, "pg-mode", "local", "harness mode: local (this machine's binaries), docker, external, or \"\" for the harness's choice")
+	fs.Func("pg-set", "PostgreSQL setting name=value (repeatable), on top of the bench's", keyValue(o.pgSet))
+	fs.Func("engine-set", "[engine] key=value of the generated configuration (repeatable)", keyValue(o.engineSet))
+	fs.StringVar(&o.out, "out", "", "directory of RESULTS.md, results.json and results.png (default bench, or bench/out for quick runs)")
+	fs.StringVar(&o.rawDir, "raw", "bench/out", "directory of engine logs, configurations and CPU profiles")
+	fs.StringVar(&o.chartDir, "chart-dir", "bench/chart", "the chart generator's module")
+	fs.BoolVar(&o.chart, "chart", true, "draw results.png")
+	fs.StringVar(&o.goCmd, "go", "go", "go command (for the chart and `go tool pprof`)")
+	if err := fs.Parse(args); err != nil {
+		return o, err
+	}
+	if fs.NArg() > 0 {
+		return o, fmt.Errorf("unexpected arguments %q", fs.Args())
+	}
+	for _, w := range strings.Split(*workloads, ",") {
+		w = strings.ToUpper(strings.TrimSpace(w))
+		if !slices.Contains(allWorkloads, w) {
+			return o, fmt.Errorf("-workloads: unknown workload %q (want some of %s)", w, strings.Join(allWorkloads, ","))
+		}
+		if !slices.Contains(o.workloads, w) {
+			o.workloads = append(o.workloads, w)
+		}
+	}
+	for _, r := range strings.Split(*rates, ",") {
+		var n int
+		if _, err := fmt.Sscan(strings.TrimSpace(r), &n); err != nil || n <= 0 {
+			return o, fmt.Errorf("-w4-rates: %q is not a positive rate", r)
+		}
+		o.w4Rates = append(o.w4Rates, n)
+	}
+	if o.scale <= 0 {
+		return o, fmt.Errorf("-scale must be positive")
+	}
+	quick := false
+	fs.Visit(func(f *flag.Flag) { quick = quick || !presentationFlags[f.Name] })
+	if o.out == "" {
+		o.out = "bench"
+		if quick {
+			o.out = o.rawDir
+		}
+	}
+	return o, nil
+}
+
+func keyValue(m map[string]string) func(string) error {
+	return func(s string) error {
+		k, v, ok := strings.Cut(s, "=")
+		if !ok || k == "" {
+			return fmt.Errorf("want name=value, got %q", s)
+		}
+		m[k] = v
+		return nil
+	}
+}
+
+// scaled applies -scale to a count, keeping at least one.
+func (o options) scaled(n int64) int64 { return max(int64(float64(n)*o.scale), 1) }
+
+func (o options) has(w string) bool { return slices.Contains(o.workloads, w) }
+
+// bench is one run.
+type bench struct {
+	opts options
+	srv  *server
+	tmpl *configTemplate
+	res  *Results
+}
+
+func run(ctx context.Context, o options) error {
+	for _, d := range []string{o.out, o.rawDir} {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			return err
+		}
+	}
+	if _, err := os.Stat(o.bin); err != nil {
+		return fmt.Errorf("engine binary: %w (run `make build`)", err)
+	}
+	tmpl, err := loadTemplate(o.configPath)
+	if err != nil {
+		return err
+	}
+	b := &bench{opts: o, tmpl: tmpl, res: newResults(o)}
+	say("load average before the run: %s", b.res.Machine.LoadBefore)
+	say("starting PostgreSQL through the test harness (mode %q, fsync on) …", o.pgMode)
+	srv, err := startServer(ctx, o.pgMode, o.pgSet, func(f string, a ...any) {})
+	if err != nil {
+		return err
+	}
+	defer func() { _ = srv.Stop(context.WithoutCancel(ctx)) }()
+	b.srv = srv
+	b.res.setServer(srv)
+	say("PostgreSQL %s (%s mode) ready", srv.version, srv.Mode())
+
+	hist := newHistory(o.scaled(o.events), o.streams, o.active)
+	steps := []struct {
+		id  string
+		run func(context.Context) error
+	}{
+		{"W1", func(ctx context.Context) error {
+			return b.backfill(ctx, "W1", "balances: upsert + inc, one projection", []model{balancesModel}, hist, o.profile)
+		}},
+		{"W2", func(ctx context.Context) error {
+			return b.backfill(ctx, "W2", "ledger: one insert per event (activity)", []model{activityModel}, hist, o.profile)
+		}},
+		{"W3", func(ctx context.Context) error {
+			return b.backfill(ctx, "W3", "three projections over the same events", []model{balancesModel, activityModel, statsModel}, hist, false)
+		}},
+		{"W4", b.live},
+		{"W5", func(ctx context.Context) error { return b.catchUp(ctx, hist) }},
+	}
+	for _, s := range steps {
+		if !o.has(s.id) {
+			continue
+		}
+		if err := s.run(ctx); err != nil {
+			return fmt.Errorf("%s: %w", s.id, err)
+		}
+		if err := b.write(); err != nil { // keep what is done if a later step fails
+			return err
+		}
+	}
+	if o.rss5M {
+		if err := b.memory(ctx, newHistory(o.scaled(5*o.events), o.streams, o.active)); err != nil {
+			return fmt.Errorf("5M backfill: %w", err)
+		}
+	}
+	b.res.Machine.LoadAfter = loadAverage()
+	if err := b.write(); err != nil {
+		return err
+	}
+	if o.chart {
+		if err := b.drawChart(ctx); err != nil {
+			say("chart not drawn: %v", err)
+		}
+	}
+	say("wrote %s", filepath.Join(o.out, "RESULTS.md"))
+	return nil
+}
+
+func say(format string, args ...any) {
+	fmt.Fprintf(os.Stderr, "bench %s: %s\n", time.Now().Format("15:04:05"), fmt.Sprintf(format, args...))
+}

@@ -1,0 +1,186 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"maps"
+	"os"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/pgscribe/pgscribe/internal/pgtest"
+)
+
+// serverSettings are the PostgreSQL settings of a bench run, on top of
+// pgtest's (wal_level=logical, track_commit_timestamp=on, …): durable
+// commits, as in production, and room for a 1M-event table in memory
+// without a checkpoint forced by WAL volume in the middle of a measurement.
+var serverSettings = map[string]string{
+	"fsync":          "on",
+	"shared_buffers": "512MB",
+	"max_wal_size":   "4GB",
+}
+
+// server is the PostgreSQL of a bench run.
+type server struct {
+	*pgtest.Server
+	postmaster int // host pid of the postmaster; 0 when not on this host
+	version    string
+	settings   map[string]string // as reported by the server
+}
+
+// startServer starts PostgreSQL through the test harness. mode, when not
+// empty, forces the harness mode (PGSCRIBE_TEST_PG_MODE).
+func startServer(ctx context.Context, mode string, extra map[string]string, logf func(string, ...any)) (*server, error) {
+	if mode != "" && os.Getenv(pgtest.EnvMode) == "" && os.Getenv(pgtest.EnvDatabaseURL) == "" {
+		os.Setenv(pgtest.EnvMode, mode)
+	}
+	settings := maps.Clone(serverSettings)
+	maps.Copy(settings, extra)
+	srv, err := pgtest.Start(ctx, pgtest.Options{Settings: settings, Logf: logf})
+	if err != nil {
+		return nil, err
+	}
+	s := &server{Server: srv, settings: map[string]string{}}
+	conn, err := pgx.Connect(ctx, srv.AdminDSN())
+	if err != nil {
+		_ = srv.Stop(context.WithoutCancel(ctx))
+		return nil, err
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	var backend int
+	err = conn.QueryRow(ctx, "SELECT current_setting('server_version'), pg_backend_pid()").Scan(&s.version, &backend)
+	if err != nil {
+		_ = srv.Stop(context.WithoutCancel(ctx))
+		return nil, err
+	}
+	names := []string{"fsync", "synchronous_commit", "shared_buffers", "max_wal_size", "wal_level",
+		"track_commit_timestamp", "logical_decoding_work_mem", "work_mem"}
+	for _, n := range names {
+		var v string
+		if err := conn.QueryRow(ctx, "SELECT current_setting($1)", n).Scan(&v); err == nil {
+			s.settings[n] = v
+		}
+	}
+	// In local mode the backend's pid is a host pid and its parent is the
+	// postmaster; in a container the pid belongs to another namespace.
+	if srv.Mode() == pgtest.ModeLocal {
+		if st, err := readStat(backend); err == nil && isPostgres(st.ppid) {
+			s.postmaster = st.ppid
+		}
+	}
+	return s, nil
+}
+
+func isPostgres(pid int) bool {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/comm", pid))
+	return err == nil && strings.TrimSpace(string(b)) == "postgres"
+}
+
+// cpu returns the CPU time the whole server has used so far; ok is false
+// when it cannot be measured from here (a container, an external server).
+func (s *server) cpu() (time.Duration, bool) {
+	if s.postmaster == 0 {
+		return 0, false
+	}
+	d, err := treeCPU(s.postmaster)
+	return d, err == nil
+}
+
+// settingsLine renders the reported settings for RESULTS.md.
+func (s *server) settingsLine() string {
+	var parts []string
+	for _, k := range slices.Sorted(maps.Keys(s.settings)) {
+		parts = append(parts, k+"="+s.settings[k])
+	}
+	return strings.Join(parts, ", ")
+}
+
+// database is one workload's database: its DSN and a pool for the bench's
+// own queries (generation, references, polling).
+type database struct {
+	name string
+	dsn  string
+	pool *pgxpool.Pool
+}
+
+// newDatabase creates a fresh database for a workload.
+func (s *server) newDatabase(ctx context.Context, name string) (*database, error) {
+	_ = s.DropDatabase(ctx, name) // left by an interrupted run on an external server
+	dsn, err := s.CreateDatabase(ctx, name)
+	if err != nil {
+		return nil, err
+	}
+	pool, err := pgxpool.New(ctx, dsn)
+	if err != nil {
+		return nil, err
+	}
+	return &database{name: name, dsn: dsn, pool: pool}, nil
+}
+
+// drop closes the pool and drops the database with its slots.
+func (s *server) drop(ctx context.Context, db *database) {
+	db.pool.Close()
+	if err := s.DropDatabase(ctx, db.name); err != nil {
+		fmt.Fprintf(os.Stderr, "bench: %v\n", err)
+	}
+}
+
+// settle makes a database quiet before a measurement: hint bits set and
+// statistics fresh on the events table, and dirty buffers written out, so
+// that no measurement pays for the previous step's leftovers.
+func (db *database) settle(ctx context.Context) error {
+	for _, q := range []string{"VACUUM (ANALYZE) events", "CHECKPOINT"} {
+		if _, err := db.pool.Exec(ctx, q); err != nil {
+			return fmt.Errorf("%s: %w", q, err)
+		}
+	}
+	return nil
+}
+
+// accounted returns how many events the projection version has accounted
+// for (applied + skipped + dead-lettered), from its cursors.
+func (db *database) accounted(ctx context.Context, projection string, version int) (int64, error) {
+	var n int64
+	err := db.pool.QueryRow(ctx, `SELECT coalesce(sum(applied + skipped + dead_lettered), 0)::bigint
+		FROM pgscribe.cursors WHERE projection = $1 AND version = $2`, projection, version).Scan(&n)
+	return n, err
+}
+
+// phase returns the stored phase of a projection version ("" before any).
+func (db *database) phase(ctx context.Context, projection string, version int) (string, error) {
+	var p string
+	err := db.pool.QueryRow(ctx, `SELECT coalesce(max(phase), '') FROM pgscribe.watermarks
+		WHERE projection = $1 AND version = $2`, projection, version).Scan(&p)
+	return p, err
+}
+
+// count returns the number of rows of table.
+func (db *database) count(ctx context.Context, table string) (int64, error) {
+	var n int64
+	err := db.pool.QueryRow(ctx, "SELECT count(*) FROM "+pgx.Identifier{table}.Sanitize()).Scan(&n)
+	return n, err
+}
+
+// waitFor polls cond every interval until it holds, fails, or timeout passes.
+func waitFor(ctx context.Context, timeout, interval time.Duration, what string, cond func() (bool, error)) error {
+	deadline := time.Now().Add(timeout)
+	for {
+		ok, err := cond()
+		if err != nil || ok {
+			return err
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("timed out after %s waiting for %s", timeout, what)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(interval):
+		}
+	}
+}
