@@ -57,8 +57,12 @@ pg-image: ## make sure a PostgreSQL image for the tests exists (pull, else build
 demo: build ## a throwaway PostgreSQL, the demo read models, sample events and the engine (Ctrl-C stops)
 	$(GO) run ./internal/tools/demo -bin bin/pgscribe -config config.toml.example -schema examples/demo/schema.sql
 
-bench: ## run the benchmarks (placeholder)
-	@echo "bench: not yet wired"
+# Extra flags for the bench program, e.g. BENCH_FLAGS="-scale 0.1 -workloads W1,W4"
+# for a smoke run (quick runs write to bench/out/, never over bench/RESULTS.md).
+BENCH_FLAGS ?=
+
+bench: build ## benchmarks against their references on a throwaway PostgreSQL (fsync on); writes bench/RESULTS.md and results.png
+	$(GO) run ./bench -bin bin/pgscribe -go $(GO) $(BENCH_FLAGS)
 
 clean: ## remove build outputs and caches
 	rm -rf bin .cache
