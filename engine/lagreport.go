@@ -25,8 +25,10 @@ func (p *Projection) newProbe() *lag.Probe {
 		Slot:       p.slot,
 		Table:      p.cfg.Source.Table,
 		Position:   p.cfg.Source.Columns.Position,
-		Timeout:    max(p.cfg.Engine.LagInterval, 5*time.Second),
-		Logger:     p.log,
+		// The first probe of a process counts the whole events table
+		// (about 6 s per 100 M rows); later ones read only its tail.
+		Timeout: max(p.cfg.Engine.LagInterval, 5*time.Minute),
+		Logger:  p.log,
 	}, p.metrics)
 }
 
@@ -45,11 +47,13 @@ func (p *Projection) reportLag(ctx context.Context, pool *pgxpool.Pool, store *c
 		if oldest, ok := tracker.Oldest(); ok {
 			local.Oldest = oldest
 		}
-		_, _ = probe.Tick(ctx, local)
+		// Readiness and the stored watermark first: they must not wait for
+		// a slow probe (the first one counts the whole events table).
 		p.caught.Store(idle && !local.Backfilling)
 		if !local.Backfilling && lsn > 0 {
 			p.saveWatermark(ctx, pool, store, lease, tracker)
 		}
+		_, _ = probe.Tick(ctx, local)
 		select {
 		case <-ctx.Done():
 			return

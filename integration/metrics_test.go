@@ -22,9 +22,14 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
+
+	"github.com/pgscribe/pgscribe/lag"
+	"github.com/pgscribe/pgscribe/migrations"
 )
 
 const mtProjection = "mt_counts"
@@ -469,5 +474,97 @@ func TestMetricsLagLifecycle(t *testing.T) {
 	}
 	if n != 5070 {
 		t.Errorf("read model has %d streams, want 5070", n)
+	}
+}
+
+// TestMetricsProbeCountsExactly runs the lag probe itself against events
+// committed out of position order: a transaction holds a low position open
+// while later ones commit, across many probes. The backlog (no cursors:
+// every event) must equal count(*) after every probe once writers are
+// quiet, although the probe counts only the table's tail.
+func TestMetricsProbeCountsExactly(t *testing.T) {
+	dsn := newDatabase(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	db, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close(context.WithoutCancel(ctx))
+	if _, err := migrations.Apply(ctx, db, "pgscribe"); err != nil {
+		t.Fatal(err)
+	}
+	if err := migrations.CreateEventsTable(ctx, db, "events"); err != nil {
+		t.Fatal(err)
+	}
+	insert := func(q interface {
+		Exec(context.Context, string, ...any) (pgconn.CommandTag, error)
+	}, tag string, n int) {
+		t.Helper()
+		if _, err := q.Exec(ctx, `INSERT INTO events (stream_id, stream_position, type, data)
+			SELECT $1 || '-' || g, 1, 'Tick', '{}' FROM generate_series(1, $2::int) AS g`, tag, n); err != nil {
+			t.Fatal(err)
+		}
+	}
+	count := func() int64 {
+		t.Helper()
+		var n int64
+		if err := db.QueryRow(ctx, `SELECT count(*) FROM events`).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+
+	view := lag.NewMetrics(prometheus.NewRegistry(), "test").For("exact", 1)
+	probe := lag.NewProbe(lag.ProbeConfig{SourceURL: dsn, Schema: "pgscribe", Projection: "exact", Version: 1,
+		Slot: "none", Table: "events", Position: "position"}, view)
+	defer probe.Close(ctx)
+	tick := func(what string) lag.Reading {
+		t.Helper()
+		r, err := probe.Tick(ctx, nil)
+		if err != nil {
+			t.Fatalf("%s: probe: %v", what, err)
+		}
+		return r
+	}
+	check := func(what string) {
+		t.Helper()
+		if r, want := tick(what), count(); !r.BacklogKnown || r.Backlog != want {
+			t.Fatalf("%s: backlog %d (known %v), want count(*) = %d", what, r.Backlog, r.BacklogKnown, want)
+		}
+	}
+
+	insert(db, "seed", 1000)
+	check("first, full count")
+	held, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer held.Close(context.WithoutCancel(ctx))
+	for round := range 3 {
+		// A transaction takes a position and stays open while others commit
+		// above it and the probe promotes floors.
+		tx, err := held.Begin(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		insert(tx, fmt.Sprintf("held%d", round), 1)
+		for i := range 6 {
+			insert(db, fmt.Sprintf("r%d-%d", round, i), 50)
+			check(fmt.Sprintf("round %d, step %d, a low position uncommitted", round, i))
+		}
+		if round == 1 {
+			if err := tx.Rollback(ctx); err != nil {
+				t.Fatal(err)
+			}
+		} else if err := tx.Commit(ctx); err != nil {
+			t.Fatal(err)
+		}
+		for i := range 4 {
+			check(fmt.Sprintf("round %d, after the low position ended, probe %d", round, i))
+		}
+	}
+	if n := count(); n != 1000+3*6*50+2 {
+		t.Fatalf("%d events, want %d", n, 1000+3*6*50+2)
 	}
 }

@@ -3,6 +3,7 @@ package lag
 import (
 	"runtime"
 	"strconv"
+	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -31,6 +32,9 @@ type Metrics struct {
 	WatermarkTime *prometheus.GaugeVec
 	SlotRetained  *prometheus.GaugeVec
 	ProbeErrors   *prometheus.CounterVec
+
+	tailsMu sync.Mutex
+	tails   map[string]*sharedTail // event counts by source table, shared by the projections' probes
 }
 
 // NewMetrics creates the metrics and registers them on reg. version is the

@@ -43,8 +43,32 @@ type ProbeConfig struct {
 type probeState struct {
 	mu    sync.Mutex
 	clock WALClock
-	tail  tailCounter
+	tail  *sharedTail // set by the first probe
 	skew  time.Duration
+}
+
+// sharedTail is the count of one events table, shared by the probes of
+// every projection over it in this process: the first one counts the whole
+// table, the others start from its floor. Its lock is held from query to
+// total, so that no probe folds in a count made against an older floor.
+type sharedTail struct {
+	mu sync.Mutex
+	tailCounter
+}
+
+// tail returns the shared counter of the events table key names.
+func (m *Metrics) tail(key string) *sharedTail {
+	m.tailsMu.Lock()
+	defer m.tailsMu.Unlock()
+	if m.tails == nil {
+		m.tails = map[string]*sharedTail{}
+	}
+	t := m.tails[key]
+	if t == nil {
+		t = &sharedTail{}
+		m.tails[key] = t
+	}
+	return t
 }
 
 // Probe measures a projection version's lag from PostgreSQL. It opens its
@@ -109,6 +133,9 @@ func (p *Probe) Tick(ctx context.Context, local *Local) (Reading, error) {
 	st := &p.view.probe
 	st.mu.Lock()
 	defer st.mu.Unlock()
+	if st.tail == nil {
+		st.tail = p.view.m.tail(p.cfg.SourceURL + "\x00" + p.cfg.Table + "\x00" + p.cfg.Position)
+	}
 	mctx, cancel := context.WithTimeout(ctx, p.cfg.Timeout)
 	defer cancel()
 	db, err := p.read(mctx, st, local)
@@ -143,6 +170,10 @@ func (p *Probe) read(ctx context.Context, st *probeState, local *Local) (DBView,
 	if err := p.connect(ctx); err != nil {
 		return DBView{}, err
 	}
+	// Held for the whole read: its snapshot must not be older than the
+	// one another projection's probe promoted the shared floor with.
+	st.tail.mu.Lock()
+	defer st.tail.mu.Unlock()
 	var db DBView
 	srcQ := pgx.Tx(nil)
 	tgtQ := cursor.Querier(p.tgt)
