@@ -1,5 +1,8 @@
 // Command pgscribe keeps read-model tables up to date from an append-only
 // PostgreSQL events table. See README.md.
+//
+// main only parses flags, handles signals and chooses exit codes; every
+// command's work is in package engine.
 package main
 
 import (
@@ -15,6 +18,7 @@ import (
 	"time"
 
 	"github.com/pgscribe/pgscribe/config"
+	"github.com/pgscribe/pgscribe/deadletter"
 	"github.com/pgscribe/pgscribe/engine"
 )
 
@@ -24,14 +28,41 @@ var version = "dev"
 const usage = `pgscribe keeps read-model tables up to date from a PostgreSQL events table.
 
 Usage:
-  pgscribe run         [-config FILE]                 run projections (active/standby)
-  pgscribe migrate     [-config FILE] [-events-table]  create/upgrade the engine schema and publication
-  pgscribe check       [-config FILE]                 validate config and rules
+  pgscribe run [-config FILE]
+      Run the configured projections (active/standby) until SIGTERM or SIGINT.
+  pgscribe migrate [-config FILE] [-events-table]
+      Create or upgrade the engine schema and the publication.
+      -events-table also creates the reference events table.
+  pgscribe check [-config FILE] [-offline]
+      Validate the configuration and the rules, then the databases: tables,
+      columns, inc types, unique indexes for upserts, privileges, wal_level,
+      the publication and the engine schema. -offline skips the databases.
+  pgscribe status [-config FILE] [-json]
+      Per projection version: state, active node, watermark, lag, backlog,
+      WAL retained by the slot, dead letters, backfill progress.
+  pgscribe deadletters list [-config FILE] [-projection NAME] [-version N]
+                            [-stream ID] [-kind KIND] [-after ID] [-limit N] [-json]
+      List dead letters by id, -limit (default 100, at most 10000) at a time;
+      -after ID gives the next page. -json prints one JSON object a line,
+      with the event's data and metadata.
+  pgscribe deadletters stats [-config FILE] [-projection NAME] [-version N]
+                             [-stream ID] [-kind KIND] [-json]
+      Count dead letters: total, oldest, newest, by error kind, by projection.
+  pgscribe reset -projection NAME -version N [-config FILE] [-yes] [-dead-letters]
+      Drop a projection version's slot, cursors and watermark so that its next
+      run rebuilds it from the events table. Read-model tables are never
+      touched; dead letters only with -dead-letters. Without -yes it prints
+      what it would do. Refused while an engine runs the version.
   pgscribe version
+  pgscribe help
 
 The config path is -config, else $PGSCRIBE_CONFIG, else ./pgscribe.toml.
-PGSCRIBE_DATABASE_URL overrides [database] url.
-Exit codes: 0 ok, 1 runtime failure, 2 usage or configuration error.
+PGSCRIBE_DATABASE_URL overrides [database] url; libpq variables (PGHOST …)
+fill in what the URL leaves out.
+
+Exit codes: 0 ok; 1 runtime failure (a database that cannot be reached, a
+reset refused because an engine runs the projection); 2 usage or
+configuration error, problems found by check, reset without -yes.
 `
 
 // exitError carries an exit code to main.
@@ -47,18 +78,28 @@ func usageErr(format string, args ...any) error {
 	return &exitError{code: 2, err: fmt.Errorf(format, args...)}
 }
 
+// errHelp ends a command that was asked for its flags (-h): exit 0.
+var errHelp = errors.New("help requested")
+
 func main() {
 	err := run(os.Args[1:], os.Stdout, os.Stderr)
-	if err == nil {
+	if err == nil || errors.Is(err, errHelp) {
 		return
 	}
-	code := 1
-	var ee *exitError
-	if errors.As(err, &ee) {
-		code = ee.code
-	}
 	fmt.Fprintln(os.Stderr, "pgscribe:", err)
-	os.Exit(code)
+	os.Exit(exitCode(err))
+}
+
+// exitCode maps an error to the documented exit codes.
+func exitCode(err error) int {
+	var ee *exitError
+	switch {
+	case errors.As(err, &ee):
+		return ee.code
+	case errors.Is(err, engine.ErrProblems), errors.Is(err, engine.ErrNotConfirmed):
+		return 2
+	}
+	return 1
 }
 
 func run(args []string, stdout, stderr io.Writer) error {
@@ -69,17 +110,20 @@ func run(args []string, stdout, stderr io.Writer) error {
 	cmd, rest := args[0], args[1:]
 	fs := flag.NewFlagSet("pgscribe "+cmd, flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	configPath := fs.String("config", "", "configuration file")
+	configPath := fs.String("config", "", "configuration `file` (default $PGSCRIBE_CONFIG, else ./pgscribe.toml)")
 	switch cmd {
 	case "version":
+		if err := parse(fs, rest); err != nil {
+			return err
+		}
 		fmt.Fprintln(stdout, "pgscribe", version)
 		return nil
 	case "help", "-h", "-help", "--help":
 		fmt.Fprint(stdout, usage)
 		return nil
 	case "run":
-		if err := fs.Parse(rest); err != nil {
-			return usageErr("%v", err)
+		if err := parse(fs, rest); err != nil {
+			return err
 		}
 		cfg, log, err := loadConfig(*configPath, stderr, true)
 		if err != nil {
@@ -88,33 +132,144 @@ func run(args []string, stdout, stderr io.Writer) error {
 		return runEngine(cfg, log)
 	case "migrate":
 		eventsTable := fs.Bool("events-table", false, "also create the reference events table")
-		if err := fs.Parse(rest); err != nil {
-			return usageErr("%v", err)
+		if err := parse(fs, rest); err != nil {
+			return err
 		}
 		cfg, log, err := loadConfig(*configPath, stderr, true)
 		if err != nil {
 			return err
 		}
-		ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+		ctx, stop := signalContext()
 		defer stop()
 		return engine.Migrate(ctx, cfg, *eventsTable, log)
 	case "check":
-		if err := fs.Parse(rest); err != nil {
-			return usageErr("%v", err)
+		offline := fs.Bool("offline", false, "check the configuration and rules only, not the databases")
+		if err := parse(fs, rest); err != nil {
+			return err
 		}
 		cfg, _, err := loadConfig(*configPath, stderr, false)
 		if err != nil {
 			return err
 		}
-		if _, err := engine.Compile(cfg); err != nil {
+		progs, err := engine.Compile(cfg)
+		if err != nil {
 			return &exitError{code: 2, err: err}
 		}
-		fmt.Fprintf(stdout, "%s: ok (%d projections)\n", cfg.Path, len(cfg.Projections))
+		if *offline || cfg.RequireDatabase() != nil {
+			fmt.Fprintf(stdout, "%s: ok (%d projections; databases not checked)\n", cfg.Path, len(cfg.Projections))
+			return nil
+		}
+		ctx, stop := signalContext()
+		defer stop()
+		if err := engine.Check(ctx, cfg, progs, stdout); err != nil {
+			return err
+		}
+		fmt.Fprintf(stdout, "%s: ok (%d projections; databases checked)\n", cfg.Path, len(cfg.Projections))
 		return nil
+	case "status":
+		asJSON := fs.Bool("json", false, "print JSON")
+		if err := parse(fs, rest); err != nil {
+			return err
+		}
+		cfg, _, err := loadConfig(*configPath, stderr, true)
+		if err != nil {
+			return err
+		}
+		ctx, stop := signalContext()
+		defer stop()
+		rep, err := engine.Status(ctx, cfg)
+		if err != nil {
+			return err
+		}
+		if *asJSON {
+			return rep.WriteJSON(stdout)
+		}
+		return rep.WriteText(stdout)
+	case "deadletters":
+		return deadLetters(fs, configPath, rest, stdout, stderr)
+	case "reset":
+		var o engine.ResetOptions
+		fs.StringVar(&o.Projection, "projection", "", "projection `name` (required)")
+		fs.Int64Var(&o.Version, "version", 0, "projection `version` (required)")
+		fs.BoolVar(&o.Yes, "yes", false, "reset; without it, only print what would be reset")
+		fs.BoolVar(&o.DeadLetters, "dead-letters", false, "also delete the version's dead letters")
+		if err := parse(fs, rest); err != nil {
+			return err
+		}
+		if o.Projection == "" || o.Version < 1 {
+			return usageErr("reset needs -projection NAME and -version N (at least 1)")
+		}
+		cfg, _, err := loadConfig(*configPath, stderr, true)
+		if err != nil {
+			return err
+		}
+		ctx, stop := signalContext()
+		defer stop()
+		return engine.Reset(ctx, cfg, o, stdout)
 	default:
 		fmt.Fprint(stderr, usage)
 		return usageErr("unknown command %q", cmd)
 	}
+}
+
+// deadLetters runs `deadletters list|stats`.
+func deadLetters(fs *flag.FlagSet, configPath *string, args []string, stdout, stderr io.Writer) error {
+	if len(args) == 0 || (args[0] != "list" && args[0] != "stats") {
+		return usageErr("deadletters needs a subcommand: list or stats")
+	}
+	sub := args[0]
+	var f deadletter.Filter
+	fs.Init("pgscribe deadletters "+sub, flag.ContinueOnError)
+	fs.StringVar(&f.Projection, "projection", "", "only this projection `name`")
+	fs.Int64Var(&f.Version, "version", 0, "only this projection `version` (0 = any)")
+	fs.StringVar(&f.StreamID, "stream", "", "only this stream `id`")
+	fs.StringVar(&f.ErrorKind, "kind", "", "only this error `kind`, for example rule:open or commit:23505 (unique_violation)")
+	asJSON := fs.Bool("json", false, "print JSON")
+	if sub == "list" {
+		fs.Int64Var(&f.AfterID, "after", 0, "only dead letters with a larger `id` (the last one of the previous page)")
+		fs.IntVar(&f.Limit, "limit", deadletter.DefaultLimit, fmt.Sprintf("at most `n` dead letters (1 to %d)", deadletter.MaxLimit))
+	}
+	if err := parse(fs, args[1:]); err != nil {
+		return err
+	}
+	switch {
+	case f.Version < 0:
+		return usageErr("-version must be at least 1 (or 0 for any)")
+	case f.AfterID < 0:
+		return usageErr("-after must not be negative")
+	case sub == "list" && (f.Limit < 1 || f.Limit > deadletter.MaxLimit):
+		return usageErr("-limit must be between 1 and %d", deadletter.MaxLimit)
+	}
+	cfg, _, err := loadConfig(*configPath, stderr, true)
+	if err != nil {
+		return err
+	}
+	ctx, stop := signalContext()
+	defer stop()
+	if sub == "list" {
+		return engine.ListDeadLetters(ctx, cfg, f, *asJSON, stdout)
+	}
+	return engine.DeadLetterStats(ctx, cfg, f, *asJSON, stdout)
+}
+
+// parse parses a command's flags. -h prints them and ends the command
+// with exit 0; an unknown flag or a stray argument is a usage error.
+func parse(fs *flag.FlagSet, args []string) error {
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return errHelp
+		}
+		return usageErr("%v", err)
+	}
+	if fs.NArg() > 0 {
+		return usageErr("%s: unexpected argument %q", fs.Name(), fs.Arg(0))
+	}
+	return nil
+}
+
+// signalContext is cancelled by SIGINT or SIGTERM: a command's queries stop.
+func signalContext() (context.Context, context.CancelFunc) {
+	return signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 }
 
 // loadConfig loads and validates the configuration; errors exit 2.

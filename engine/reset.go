@@ -1,0 +1,256 @@
+package engine
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"slices"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/pgscribe/pgscribe/config"
+	"github.com/pgscribe/pgscribe/cursor"
+	"github.com/pgscribe/pgscribe/deadletter"
+	"github.com/pgscribe/pgscribe/leader"
+	"github.com/pgscribe/pgscribe/replication"
+	"github.com/pgscribe/pgscribe/rules"
+)
+
+// This file implements `pgscribe reset`: forget how far a projection
+// version got, so that its next run rebuilds it from the events table.
+//
+// Reset drops the version's replication slot (terminating a walsender still
+// on it), and deletes its cursors and watermark in one transaction; with
+// DeadLetters also its dead letters. It never touches read-model tables:
+// the rebuild writes into them as they are, so the operator truncates them
+// first, or bumps the version to build into new ones.
+//
+// Resetting under a running engine would be undone by its next batch, so
+// Reset takes the version's advisory lock itself, exactly as an engine
+// does (leader.TryAcquire, which also bumps the lease epoch and so fences
+// any batch still in flight from a node that lost the lock), and refuses
+// with ErrActive when another session holds it. The cursor transaction
+// verifies the epoch too. The transaction runs before the slot is dropped:
+// if the drop then fails, the next run still rebuilds from scratch (a
+// watermark-less version drops a leftover slot itself), and running reset
+// again finishes the job.
+
+// ErrNotConfirmed is returned (wrapped) by Reset without Yes: it printed
+// what it would do and changed nothing.
+var ErrNotConfirmed = errors.New("nothing was changed: rerun with -yes to reset")
+
+// ErrActive is returned (wrapped) by Reset when an engine holds the
+// projection version's advisory lock.
+var ErrActive = errors.New("refused: an engine runs this projection version")
+
+// ResetOptions selects the projection version to reset.
+type ResetOptions struct {
+	Projection string
+	Version    int64
+	// Yes performs the reset; without it Reset prints its plan and returns
+	// ErrNotConfirmed.
+	Yes bool
+	// DeadLetters also deletes the version's dead letters.
+	DeadLetters bool
+}
+
+// resetPlan is what exists of a projection version, hence what a reset
+// removes.
+type resetPlan struct {
+	name       string
+	version    int64
+	configured bool
+	slot       string
+	slotExists bool
+	slotPID    int32  // walsender still on the slot
+	retained   *int64 // WAL the slot retains
+	cursors    cursor.Totals
+	watermark  *cursor.Watermark
+	dead       int64
+}
+
+// Reset resets one projection version (see the file comment) and writes
+// what it did, or without o.Yes what it would do, to w. The version need
+// not be configured any more: resetting an old version is how its slot stops
+// retaining WAL.
+func Reset(ctx context.Context, cfg *config.Config, o ResetOptions, w io.Writer) error {
+	c, err := connect(ctx, cfg)
+	if err != nil {
+		return err
+	}
+	defer c.close(ctx)
+	schema := cfg.Engine.Schema
+	if err := requireMigrated(ctx, c.target, schema); err != nil {
+		return err
+	}
+
+	var held *leader.Lease
+	if o.Yes {
+		held, err = leader.TryAcquire(ctx, cfg.TargetURL(), schema, o.Projection, o.Version, "pgscribe reset on "+cfg.Engine.Node, cfg.Engine.LeaseTimeout)
+		if err != nil {
+			return err
+		}
+		if held != nil {
+			defer held.Release(ctx)
+		}
+	}
+	if held == nil {
+		pid, err := lockHolder(ctx, c.target, leader.Key(schema, o.Projection, o.Version))
+		if err != nil {
+			return err
+		}
+		// Without -yes nobody may hold it; with -yes TryAcquire failed, so
+		// somebody did a moment ago.
+		if pid != 0 || o.Yes {
+			return activeError(ctx, c.target, schema, o, pid)
+		}
+	}
+
+	spec := rules.Spec{Name: o.Projection, Version: o.Version}
+	plan := resetPlan{name: o.Projection, version: o.Version, slot: cfg.SlotName(spec),
+		configured: slices.ContainsFunc(cfg.Projections, func(s rules.Spec) bool { return s.Name == o.Projection && s.Version == o.Version })}
+	if err := plan.load(ctx, c, schema); err != nil {
+		return err
+	}
+	if plan.empty(o.DeadLetters) {
+		_, err := fmt.Fprint(w, plan.text(false, o.DeadLetters))
+		return err
+	}
+	if !o.Yes {
+		if _, err := fmt.Fprint(w, plan.text(false, o.DeadLetters)); err != nil {
+			return err
+		}
+		return fmt.Errorf("reset %s v%d: %w", o.Projection, o.Version, ErrNotConfirmed)
+	}
+
+	store := cursor.New(schema, o.Projection, o.Version)
+	err = pgx.BeginFunc(ctx, c.target, func(tx pgx.Tx) error {
+		if err := held.Check(ctx, tx); err != nil {
+			return err
+		}
+		if err := store.Reset(ctx, tx); err != nil {
+			return err
+		}
+		if o.DeadLetters {
+			n, err := deadletter.Delete(ctx, tx, schema, o.Projection, o.Version)
+			plan.dead = n
+			return err
+		}
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("reset %s v%d: %w", o.Projection, o.Version, err)
+	}
+	if plan.slotExists {
+		if err := replication.DropSlot(ctx, c.source, plan.slot); err != nil {
+			return fmt.Errorf("reset %s v%d: cursors and watermark deleted, but: %w (run reset again)", o.Projection, o.Version, err)
+		}
+	}
+	_, err = fmt.Fprint(w, plan.text(true, o.DeadLetters))
+	return err
+}
+
+// activeError explains which engine holds the lock.
+func activeError(ctx context.Context, q querier, schema string, o ResetOptions, pid int32) error {
+	who := "another session"
+	if l, ok, err := loadLease(ctx, q, schema, o.Projection, o.Version); err == nil && ok {
+		who = fmt.Sprintf("node %q", l.node)
+	}
+	if pid != 0 {
+		who += fmt.Sprintf(" (target backend %d)", pid)
+	}
+	return fmt.Errorf("reset %s v%d: %w: %s holds its advisory lock; stop pgscribe on every node that runs it, then reset "+
+		"(a reset under a running engine is unsafe: its next batch would write cursors again)", o.Projection, o.Version, ErrActive, who)
+}
+
+func (p *resetPlan) load(ctx context.Context, c *conns, schema string) error {
+	var wal string
+	if err := c.source.QueryRow(ctx, `SELECT CASE WHEN pg_is_in_recovery() THEN pg_last_wal_replay_lsn()
+  ELSE pg_current_wal_lsn() END::text`).Scan(&wal); err != nil {
+		return fmt.Errorf("read source WAL position: %w", err)
+	}
+	slots, err := loadSlots(ctx, c.source, wal, []string{p.slot})
+	if err != nil {
+		return err
+	}
+	if s, ok := slots[p.slot]; ok {
+		p.slotExists, p.slotPID, p.retained = true, s.ActivePID, s.retainedBytes
+	}
+	store := cursor.New(schema, p.name, p.version)
+	if p.cursors, err = store.Totals(ctx, c.target); err != nil {
+		return err
+	}
+	wm, ok, err := store.LoadWatermark(ctx, c.target)
+	if err != nil {
+		return err
+	}
+	if ok {
+		p.watermark = &wm
+	}
+	st, err := deadletter.GetStats(ctx, c.target, schema, deadletter.Filter{Projection: p.name, Version: p.version})
+	if err != nil {
+		return err
+	}
+	p.dead = st.Total
+	return nil
+}
+
+// empty reports whether there is nothing to reset.
+func (p *resetPlan) empty(deadLetters bool) bool {
+	return !p.slotExists && p.cursors.Streams == 0 && p.watermark == nil && (!deadLetters || p.dead == 0)
+}
+
+// text says what the reset does (done false) or did (done true).
+func (p *resetPlan) text(done, deadLetters bool) string {
+	var b []byte
+	line := func(format string, args ...any) { b = fmt.Appendf(b, format+"\n", args...) }
+	tense := func(would, did string) string {
+		if done {
+			return did
+		}
+		return would
+	}
+	if !p.configured {
+		line("note: %s v%d is not in the configuration", p.name, p.version)
+	}
+	if p.empty(deadLetters) {
+		line("%s v%d has no slot, cursors or watermark: nothing to reset", p.name, p.version)
+		if p.dead > 0 {
+			line("it has %d dead letters; -dead-letters deletes them", p.dead)
+		}
+		return string(b)
+	}
+	line("%s %s v%d:", tense("reset would change", "reset"), p.name, p.version)
+	if p.slotExists {
+		s := fmt.Sprintf("  %s replication slot %q", tense("drop", "dropped"), p.slot)
+		if p.retained != nil {
+			s += fmt.Sprintf(" (it retained %s of WAL)", formatBytes(*p.retained))
+		}
+		if p.slotPID != 0 {
+			s += fmt.Sprintf(", %s its walsender (pid %d)", tense("terminating", "terminated"), p.slotPID)
+		}
+		line("%s", s)
+	} else {
+		line("  no replication slot %q to drop", p.slot)
+	}
+	t := p.cursors
+	line("  %s %d stream cursors (%d events accounted for: %d applied, %d skipped, %d dead-lettered)",
+		tense("delete", "deleted"), t.Streams, t.Applied+t.Skipped+t.DeadLettered, t.Applied, t.Skipped, t.DeadLettered)
+	if wm := p.watermark; wm != nil {
+		line("  %s the watermark (phase %s, lsn %s)", tense("delete", "deleted"), wm.Phase, wm.LSN)
+	}
+	switch {
+	case deadLetters:
+		line("  %s %d dead letters", tense("delete", "deleted"), p.dead)
+	case p.dead > 0:
+		line("  %s %d dead letters: the rebuild dead-letters the same events again, so they will show twice (-dead-letters deletes them)",
+			tense("keep", "kept"), p.dead)
+	default:
+		line("  no dead letters")
+	}
+	line("read-model tables are never touched: the next run rebuilds %s v%d from the events table into them as they are,", p.name, p.version)
+	line("so truncate them before it starts (or bump the version to build into new tables). Stop every node that runs it first:")
+	line("a node standing by takes it over, and starts the rebuild, as soon as reset releases its lock.")
+	return string(b)
+}

@@ -1,0 +1,594 @@
+package engine
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"strconv"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/pgscribe/pgscribe/config"
+	"github.com/pgscribe/pgscribe/cursor"
+	"github.com/pgscribe/pgscribe/deadletter"
+	"github.com/pgscribe/pgscribe/leader"
+	"github.com/pgscribe/pgscribe/migrations"
+)
+
+// This file implements `pgscribe status`. It reads everything from the
+// databases, never from a running engine, so it works on any host and with
+// no engine running at all.
+//
+// How the state of a projection version is derived:
+//
+//   - stopped: no backend holds the version's advisory lock on the target
+//     database. Nothing runs it: never started, shut down, killed, between
+//     two restarts of its pipeline, or halted — a halted projection releases
+//     its lock (engine.Run), so the database cannot tell a halt from a stop;
+//     /healthz and pgscribe_halted on the node tell it.
+//   - backfilling: the lock is held and the watermark row is missing or in
+//     phase "backfilling".
+//   - live: the lock is held, the phase is "live" and a walsender streams the
+//     slot (pg_replication_slots.active_pid is set).
+//   - starting: the lock is held and the phase is "live" but no walsender
+//     streams the slot yet: the active node is opening or reopening its
+//     stream. It only lasts long when that node is stuck.
+//
+// A standby node holds nothing in the database (it polls
+// pg_try_advisory_lock every standby_poll), so standby cannot be seen from
+// the database either; a projection run by one node and waited for by
+// others shows the active node's state.
+
+// StatusReport is what `pgscribe status` prints: one entry per configured
+// projection version, in configuration order.
+type StatusReport struct {
+	CheckedAt   time.Time          `json:"checked_at"`     // source database clock
+	SourceWAL   string             `json:"source_wal_lsn"` // current WAL position of the source
+	Events      int64              `json:"events"`         // rows in the events table
+	Projections []ProjectionStatus `json:"projections"`
+	// Unconfigured lists the source database's slots named like this
+	// configuration's (<slot_prefix>_<name>_v<version>) that no configured
+	// projection version uses, typically one left by a version that was
+	// bumped: it retains WAL until `pgscribe reset` drops it.
+	Unconfigured []UnconfiguredSlot `json:"unconfigured_slots"`
+}
+
+// UnconfiguredSlot is a slot of a projection version that is no longer
+// (or not yet) configured.
+type UnconfiguredSlot struct {
+	Slot             string `json:"slot"`
+	Projection       string `json:"projection"`
+	Version          int64  `json:"version"`
+	ActivePID        int32  `json:"active_pid,omitempty"`
+	WALRetainedBytes *int64 `json:"wal_retained_bytes"`
+}
+
+// ProjectionStatus is the state of one projection version. Pointer fields
+// are null in JSON when the value is unknown or does not apply (no slot, no
+// watermark, not backfilling).
+type ProjectionStatus struct {
+	Projection string `json:"projection"`
+	Version    int64  `json:"version"`
+	State      State  `json:"state"`
+	// Node is the lease's node while its advisory lock is held; LockPID the
+	// target backend that holds it.
+	Node      string           `json:"node,omitempty"`
+	LockPID   int32            `json:"lock_pid,omitempty"`
+	Slot      SlotStatus       `json:"slot"`
+	Watermark *WatermarkStatus `json:"watermark"`
+	// LagSeconds is 0 when every event is accounted for, else the age of
+	// the watermark's commit: an upper bound of the age of the oldest event
+	// not yet applied. The stored watermark trails the engine's by up to
+	// lag_interval.
+	LagSeconds *float64 `json:"lag_seconds"`
+	// LagBytes is the source's WAL position minus the slot's confirmed LSN.
+	LagBytes *int64 `json:"lag_bytes"`
+	// BacklogEvents is the number of events not yet accounted for: rows in
+	// the events table minus applied, skipped and dead-lettered events of the
+	// version's cursors (never below 0).
+	BacklogEvents int64 `json:"backlog_events"`
+	// WALRetainedBytes is the WAL the slot keeps on the source: its WAL
+	// position minus the slot's restart LSN.
+	WALRetainedBytes *int64          `json:"wal_retained_bytes"`
+	DeadLetters      int64           `json:"dead_letters"`
+	Backfill         *BackfillStatus `json:"backfill,omitempty"`
+	// Notes are remarks an operator should read (a lost slot, a missing
+	// one), in plain sentences.
+	Notes []string `json:"notes,omitempty"`
+}
+
+// SlotStatus is the projection version's replication slot on the source.
+type SlotStatus struct {
+	Name       string `json:"name"`
+	Exists     bool   `json:"exists"`
+	ActivePID  int32  `json:"active_pid,omitempty"` // walsender streaming it; 0 when none
+	WALStatus  string `json:"wal_status,omitempty"` // reserved, extended, unreserved or lost
+	Confirmed  string `json:"confirmed_flush_lsn,omitempty"`
+	RestartLSN string `json:"restart_lsn,omitempty"`
+}
+
+// WatermarkStatus is the stored contiguous watermark.
+type WatermarkStatus struct {
+	Phase      string     `json:"phase"`
+	LSN        string     `json:"lsn"`
+	Position   int64      `json:"position"`
+	CommitTime *time.Time `json:"commit_time"`
+	UpdatedAt  time.Time  `json:"updated_at"`
+}
+
+// BackfillStatus is the progress of a backfill, from the counts the engine
+// stores every few seconds. ETASeconds assumes the rate so far, measured
+// from the lease's acquisition (the backfill starts right after it); null
+// until there is a rate to go by.
+type BackfillStatus struct {
+	Total      int64    `json:"total"`
+	Done       int64    `json:"done"`
+	Percent    float64  `json:"percent"`
+	ETASeconds *float64 `json:"eta_seconds"`
+}
+
+// querier is what the operator commands need from a connection or a
+// transaction.
+type querier interface {
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}
+
+// conns are the connections of an operator command: target holds the
+// engine tables, the read models and the advisory locks; source holds the
+// events table, the publication and the slots. source is target when both
+// are the same database.
+type conns struct {
+	target, source *pgx.Conn
+}
+
+func connect(ctx context.Context, cfg *config.Config) (*conns, error) {
+	target, err := connectCLI(ctx, cfg.TargetURL())
+	if err != nil {
+		return nil, fmt.Errorf("connect target: %w", err)
+	}
+	c := &conns{target: target, source: target}
+	if cfg.TargetURL() != cfg.Database.URL {
+		if c.source, err = connectCLI(ctx, cfg.Database.URL); err != nil {
+			target.Close(context.WithoutCancel(ctx))
+			return nil, fmt.Errorf("connect source: %w", err)
+		}
+	}
+	return c, nil
+}
+
+func (c *conns) close(ctx context.Context) {
+	ctx = context.WithoutCancel(ctx)
+	if c.source != c.target {
+		c.source.Close(ctx)
+	}
+	c.target.Close(ctx)
+}
+
+// connectCLI opens a connection named pgscribe-cli in pg_stat_activity.
+func connectCLI(ctx context.Context, url string) (*pgx.Conn, error) {
+	cfg, err := pgx.ParseConfig(url)
+	if err != nil {
+		return nil, err
+	}
+	cfg.RuntimeParams["application_name"] = "pgscribe-cli"
+	return pgx.ConnectConfig(ctx, cfg)
+}
+
+// requireMigrated returns an error unless the engine schema is at the
+// version this binary knows.
+func requireMigrated(ctx context.Context, q migrations.Querier, schema string) error {
+	v, err := migrations.Current(ctx, q, schema)
+	if err != nil {
+		return err
+	}
+	switch {
+	case v == 0:
+		return fmt.Errorf("engine schema %q does not exist on the target database: run pgscribe migrate", schema)
+	case v < migrations.Latest():
+		return fmt.Errorf("engine schema %q is at version %d, this pgscribe needs %d: run pgscribe migrate", schema, v, migrations.Latest())
+	case v > migrations.Latest():
+		return fmt.Errorf("engine schema %q is at version %d: %w (it knows up to %d)", schema, v, migrations.ErrSchemaTooNew, migrations.Latest())
+	}
+	return nil
+}
+
+// lockHolder returns the target backend holding key's advisory lock, 0 when
+// none does. pg_try_advisory_lock(bigint) shows in pg_locks with the key's
+// high 32 bits in classid, its low 32 bits in objid and objsubid 1 (the
+// two-int4 form uses objsubid 2), in the current database.
+func lockHolder(ctx context.Context, q querier, key int64) (int32, error) {
+	hi, lo := lockKeyParts(key)
+	var pid int32
+	err := q.QueryRow(ctx, `SELECT coalesce(min(pid), 0) FROM pg_locks
+WHERE locktype = 'advisory' AND granted AND objsubid = 1
+  AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
+  AND classid = $1::bigint::oid AND objid = $2::bigint::oid`, hi, lo).Scan(&pid)
+	if err != nil {
+		return 0, fmt.Errorf("look up advisory lock: %w", err)
+	}
+	return pid, nil
+}
+
+// lockKeyParts splits a bigint advisory lock key the way pg_locks shows it.
+func lockKeyParts(key int64) (classid, objid int64) {
+	k := uint64(key)
+	return int64(k >> 32), int64(k & 0xFFFFFFFF)
+}
+
+// lease is a projection version's row in the leases table.
+type lease struct {
+	node     string
+	epoch    int64
+	acquired time.Time
+}
+
+func loadLease(ctx context.Context, q querier, schema, projection string, version int64) (lease, bool, error) {
+	var l lease
+	err := q.QueryRow(ctx, `SELECT node, epoch, acquired_at FROM `+pgx.Identifier{schema, "leases"}.Sanitize()+
+		` WHERE projection = $1 AND version = $2`, projection, version).Scan(&l.node, &l.epoch, &l.acquired)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return lease{}, false, nil
+	}
+	if err != nil {
+		return lease{}, false, fmt.Errorf("load lease: %w", err)
+	}
+	return l, true, nil
+}
+
+// slotRow is what status needs of pg_replication_slots.
+type slotRow struct {
+	SlotStatus
+	lagBytes, retainedBytes *int64
+}
+
+func loadSlots(ctx context.Context, q querier, wal string, names []string) (map[string]slotRow, error) {
+	rows, err := q.Query(ctx, `SELECT slot_name::text, coalesce(active_pid, 0), coalesce(wal_status, ''),
+  coalesce(confirmed_flush_lsn::text, ''), coalesce(restart_lsn::text, ''),
+  pg_wal_lsn_diff($1::pg_lsn, confirmed_flush_lsn)::bigint, pg_wal_lsn_diff($1::pg_lsn, restart_lsn)::bigint
+FROM pg_replication_slots WHERE slot_name = ANY($2)`, wal, names)
+	if err != nil {
+		return nil, fmt.Errorf("read replication slots: %w", err)
+	}
+	defer rows.Close()
+	out := make(map[string]slotRow, len(names))
+	for rows.Next() {
+		var s slotRow
+		if err := rows.Scan(&s.Name, &s.ActivePID, &s.WALStatus, &s.Confirmed, &s.RestartLSN, &s.lagBytes, &s.retainedBytes); err != nil {
+			return nil, fmt.Errorf("read replication slots: %w", err)
+		}
+		s.Exists = true
+		out[s.Name] = s
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("read replication slots: %w", err)
+	}
+	return out, nil
+}
+
+// Status reads the state of every configured projection version from the
+// source and target databases. It changes nothing. Counting the events
+// table is a full scan: fine for an operator command, not for a probe.
+func Status(ctx context.Context, cfg *config.Config) (*StatusReport, error) {
+	c, err := connect(ctx, cfg)
+	if err != nil {
+		return nil, err
+	}
+	defer c.close(ctx)
+	schema := cfg.Engine.Schema
+	if err := requireMigrated(ctx, c.target, schema); err != nil {
+		return nil, err
+	}
+
+	rep := &StatusReport{Projections: []ProjectionStatus{}, Unconfigured: []UnconfiguredSlot{}}
+	// A standby source (logical decoding on a standby, PostgreSQL 16+) has
+	// no current WAL insert position; its replay position stands in.
+	if err := c.source.QueryRow(ctx, `SELECT CASE WHEN pg_is_in_recovery() THEN pg_last_wal_replay_lsn()
+  ELSE pg_current_wal_lsn() END::text, now()`).Scan(&rep.SourceWAL, &rep.CheckedAt); err != nil {
+		return nil, fmt.Errorf("read source WAL position: %w", err)
+	}
+	table := pgx.Identifier(strings.Split(cfg.Source.Table, ".")).Sanitize()
+	if err := c.source.QueryRow(ctx, "SELECT count(*) FROM "+table).Scan(&rep.Events); err != nil {
+		return nil, fmt.Errorf("count events in %s: %w", table, err)
+	}
+	names := make([]string, len(cfg.Projections))
+	for i, spec := range cfg.Projections {
+		names[i] = cfg.SlotName(spec)
+	}
+	slots, err := loadSlots(ctx, c.source, rep.SourceWAL, names)
+	if err != nil {
+		return nil, err
+	}
+	if rep.Unconfigured, err = unconfiguredSlots(ctx, c.source, rep.SourceWAL, cfg.Source.SlotPrefix, names); err != nil {
+		return nil, err
+	}
+
+	for i, spec := range cfg.Projections {
+		ps := ProjectionStatus{Projection: spec.Name, Version: spec.Version, Slot: SlotStatus{Name: names[i]}}
+		slot, hasSlot := slots[names[i]]
+		if hasSlot {
+			ps.Slot = slot.SlotStatus
+			ps.LagBytes, ps.WALRetainedBytes = slot.lagBytes, slot.retainedBytes
+		}
+		store := cursor.New(schema, spec.Name, spec.Version)
+		wm, haveWM, err := store.LoadWatermark(ctx, c.target)
+		if err != nil {
+			return nil, err
+		}
+		totals, err := store.Totals(ctx, c.target)
+		if err != nil {
+			return nil, err
+		}
+		ls, haveLease, err := loadLease(ctx, c.target, schema, spec.Name, spec.Version)
+		if err != nil {
+			return nil, err
+		}
+		pid, err := lockHolder(ctx, c.target, leader.Key(schema, spec.Name, spec.Version))
+		if err != nil {
+			return nil, err
+		}
+		dl, err := deadletter.GetStats(ctx, c.target, schema, deadletter.Filter{Projection: spec.Name, Version: spec.Version})
+		if err != nil {
+			return nil, err
+		}
+
+		ps.State = deriveState(pid != 0, haveWM, wm.Phase, slot.ActivePID != 0)
+		if pid != 0 {
+			ps.LockPID = pid
+			if haveLease {
+				ps.Node = ls.node
+			}
+		}
+		if haveWM {
+			w := &WatermarkStatus{Phase: wm.Phase, LSN: wm.LSN.String(), Position: wm.Position, UpdatedAt: wm.UpdatedAt}
+			if !wm.CommitTime.IsZero() {
+				ct := wm.CommitTime
+				w.CommitTime = &ct
+			}
+			ps.Watermark = w
+		}
+		ps.DeadLetters = dl.Total
+		ps.BacklogEvents = max(rep.Events-(totals.Applied+totals.Skipped+totals.DeadLettered), 0)
+		ps.LagSeconds = lagSeconds(ps.State, ps.BacklogEvents, wm.CommitTime, rep.CheckedAt)
+		if ps.State == StateBackfilling {
+			var started time.Time
+			if haveLease {
+				started = ls.acquired
+			}
+			ps.Backfill = backfillProgress(wm.BackfillTotal, wm.BackfillDone, started, wm.UpdatedAt, rep.CheckedAt)
+		}
+		ps.Notes = statusNotes(ps, haveWM, wm.SlotName, totals.Streams > 0)
+		rep.Projections = append(rep.Projections, ps)
+	}
+	return rep, nil
+}
+
+// unconfiguredSlots finds the source database's slots that parseSlotName
+// recognises but that are not among configured.
+func unconfiguredSlots(ctx context.Context, q querier, wal, prefix string, configured []string) ([]UnconfiguredSlot, error) {
+	rows, err := q.Query(ctx, `SELECT slot_name::text FROM pg_replication_slots
+WHERE database = current_database() AND NOT (slot_name = ANY($1)) ORDER BY slot_name`, configured)
+	if err != nil {
+		return nil, fmt.Errorf("read replication slots: %w", err)
+	}
+	names, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return nil, fmt.Errorf("read replication slots: %w", err)
+	}
+	out := []UnconfiguredSlot{}
+	var found []string
+	for _, n := range names {
+		if proj, v, ok := parseSlotName(prefix, n); ok {
+			out = append(out, UnconfiguredSlot{Slot: n, Projection: proj, Version: v})
+			found = append(found, n)
+		}
+	}
+	if len(found) == 0 {
+		return out, nil
+	}
+	slots, err := loadSlots(ctx, q, wal, found)
+	if err != nil {
+		return nil, err
+	}
+	for i := range out {
+		s := slots[out[i].Slot]
+		out[i].ActivePID, out[i].WALRetainedBytes = s.ActivePID, s.retainedBytes
+	}
+	return out, nil
+}
+
+// parseSlotName splits <prefix>_<name>_v<version>, the form of
+// config.SlotName, into name and version.
+func parseSlotName(prefix, slot string) (string, int64, bool) {
+	rest, ok := strings.CutPrefix(slot, prefix+"_")
+	if !ok {
+		return "", 0, false
+	}
+	i := strings.LastIndex(rest, "_v")
+	if i <= 0 {
+		return "", 0, false
+	}
+	v, err := strconv.ParseInt(rest[i+2:], 10, 64)
+	if err != nil || v < 1 || strconv.FormatInt(v, 10) != rest[i+2:] {
+		return "", 0, false
+	}
+	return rest[:i], v, true
+}
+
+// deriveState maps what the databases say to a state; see the file comment.
+func deriveState(locked, haveWatermark bool, phase string, streaming bool) State {
+	switch {
+	case !locked:
+		return StateStopped
+	case !haveWatermark || phase != cursor.PhaseLive:
+		return StateBackfilling
+	case streaming:
+		return StateLive
+	default:
+		return StateStarting
+	}
+}
+
+// lagSeconds is 0 when nothing is pending, the age of the watermark's commit
+// when events are, and unknown while backfilling or without a commit time.
+func lagSeconds(state State, backlog int64, commit, now time.Time) *float64 {
+	var s float64
+	switch {
+	case state == StateBackfilling:
+		return nil
+	case backlog == 0:
+	case commit.IsZero():
+		return nil
+	default:
+		s = max(now.Sub(commit).Seconds(), 0)
+	}
+	return &s
+}
+
+// backfillProgress turns the stored counts into a percentage and an ETA.
+// started is when the active node took the lock (zero when unknown),
+// updated when the counts were stored, now the database clock. The rate is
+// done / (updated - started); the ETA counts from updated, so it shrinks
+// between two stores of the counts.
+func backfillProgress(total, done int64, started, updated, now time.Time) *BackfillStatus {
+	b := &BackfillStatus{Total: total, Done: done}
+	if total <= 0 {
+		return b
+	}
+	b.Percent = min(100*float64(done)/float64(total), 100)
+	elapsed := updated.Sub(started).Seconds()
+	if started.IsZero() || done <= 0 || elapsed < 1 {
+		return b
+	}
+	remaining := float64(max(total-done, 0)) / (float64(done) / elapsed)
+	eta := max(remaining-now.Sub(updated).Seconds(), 0)
+	b.ETASeconds = &eta
+	return b
+}
+
+// statusNotes explains states an operator should act on.
+func statusNotes(ps ProjectionStatus, haveWM bool, wmSlot string, hasCursors bool) []string {
+	var notes []string
+	switch {
+	case ps.Slot.WALStatus == "lost":
+		notes = append(notes, "the slot was invalidated (its WAL is gone): the next run resyncs from a new snapshot; cursors skip what was applied")
+	case !ps.Slot.Exists && hasCursors && ps.State != StateBackfilling:
+		notes = append(notes, "the slot is missing: the next run resyncs from a new snapshot; cursors skip what was applied")
+	case !ps.Slot.Exists && !hasCursors && !haveWM:
+		notes = append(notes, "never run: the next run creates the slot and backfills")
+	}
+	if haveWM && wmSlot != "" && wmSlot != ps.Slot.Name {
+		notes = append(notes, fmt.Sprintf("the watermark belongs to slot %q (slot_prefix changed?): the next run rebuilds", wmSlot))
+	}
+	if ps.State == StateStopped && ps.Slot.Exists {
+		notes = append(notes, "nothing runs it, and its slot retains WAL on the source until it runs again (or pgscribe reset drops it)")
+	}
+	return notes
+}
+
+// WriteJSON writes the report as one indented JSON document.
+func (r *StatusReport) WriteJSON(w io.Writer) error {
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	return enc.Encode(r)
+}
+
+// WriteText writes the report as a table, then the notes.
+func (r *StatusReport) WriteText(w io.Writer) error {
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "PROJECTION\tSTATE\tNODE\tWATERMARK\tPOSITION\tCOMMITTED\tLAG\tLAG BYTES\tBACKLOG\tWAL RETAINED\tDEAD LETTERS\tBACKFILL")
+	for _, p := range r.Projections {
+		lsn, pos, committed := "-", "-", "-"
+		if wm := p.Watermark; wm != nil {
+			lsn, pos = wm.LSN, fmt.Sprint(wm.Position)
+			if wm.CommitTime != nil {
+				committed = wm.CommitTime.UTC().Format(time.RFC3339)
+			}
+		}
+		lag := "-"
+		if p.LagSeconds != nil {
+			lag = formatSeconds(*p.LagSeconds)
+		}
+		fmt.Fprintf(tw, "%s v%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%d\t%s\t%d\t%s\n",
+			p.Projection, p.Version, p.State, orDash(p.Node), lsn, pos, committed, lag,
+			formatBytesPtr(p.LagBytes), p.BacklogEvents, formatBytesPtr(p.WALRetainedBytes), p.DeadLetters,
+			formatBackfill(p.Backfill))
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	for _, p := range r.Projections {
+		for _, n := range p.Notes {
+			if _, err := fmt.Fprintf(w, "%s v%d: %s\n", p.Projection, p.Version, n); err != nil {
+				return err
+			}
+		}
+	}
+	for _, u := range r.Unconfigured {
+		if _, err := fmt.Fprintf(w, "slot %q of %s v%d, which is not configured, retains %s of WAL: pgscribe reset -projection %s -version %d drops it\n",
+			u.Slot, u.Projection, u.Version, formatBytesPtr(u.WALRetainedBytes), u.Projection, u.Version); err != nil {
+			return err
+		}
+	}
+	_, err := fmt.Fprintf(w, "events: %d, source WAL at %s, as of %s\n", r.Events, r.SourceWAL, r.CheckedAt.UTC().Format(time.RFC3339))
+	return err
+}
+
+func orDash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
+}
+
+func formatBackfill(b *BackfillStatus) string {
+	if b == nil {
+		return "-"
+	}
+	s := fmt.Sprintf("%.1f%% (%d/%d)", b.Percent, b.Done, b.Total)
+	if b.ETASeconds != nil {
+		s += " eta " + formatSeconds(*b.ETASeconds)
+	}
+	return s
+}
+
+// formatSeconds renders a duration for people: 0s, 1.5s, 2m3s, 4h5m.
+func formatSeconds(s float64) string {
+	d := time.Duration(s * float64(time.Second))
+	switch {
+	case d < 10*time.Second:
+		return d.Round(100 * time.Millisecond).String()
+	case d < time.Hour:
+		return d.Round(time.Second).String()
+	default:
+		return strings.TrimSuffix(d.Round(time.Minute).String(), "0s")
+	}
+}
+
+func formatBytesPtr(b *int64) string {
+	if b == nil {
+		return "-"
+	}
+	return formatBytes(*b)
+}
+
+// formatBytes renders a byte count with binary units: 512 B, 1.5 MiB.
+func formatBytes(b int64) string {
+	const unit = 1024
+	if b < unit {
+		return fmt.Sprintf("%d B", b)
+	}
+	v, i := float64(b)/unit, 0
+	for v >= unit && i < 5 {
+		v /= unit
+		i++
+	}
+	return fmt.Sprintf("%.1f %ciB", v, "KMGTPE"[i])
+}

@@ -1,0 +1,213 @@
+package engine
+
+import (
+	"bytes"
+	"encoding/json"
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestDeriveState(t *testing.T) {
+	tests := []struct {
+		name                    string
+		locked, haveWM, streams bool
+		phase                   string
+		want                    State
+	}{
+		{name: "nobody holds the lock", haveWM: true, phase: "live", streams: true, want: StateStopped},
+		{name: "never run", want: StateStopped},
+		{name: "locked, no watermark yet", locked: true, want: StateBackfilling},
+		{name: "locked, backfilling", locked: true, haveWM: true, phase: "backfilling", want: StateBackfilling},
+		{name: "locked, live, streaming", locked: true, haveWM: true, phase: "live", streams: true, want: StateLive},
+		{name: "locked, live, slot idle", locked: true, haveWM: true, phase: "live", want: StateStarting},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if got := deriveState(tt.locked, tt.haveWM, tt.phase, tt.streams); got != tt.want {
+				t.Errorf("deriveState = %s, want %s", got, tt.want)
+			}
+		})
+	}
+}
+
+func TestLagSeconds(t *testing.T) {
+	now := time.Date(2025, 1, 2, 3, 4, 5, 0, time.UTC)
+	tests := []struct {
+		name    string
+		state   State
+		backlog int64
+		commit  time.Time
+		want    *float64
+	}{
+		{name: "caught up", state: StateLive, commit: now.Add(-time.Hour), want: ptr(0.0)},
+		{name: "caught up without commit time", state: StateStopped, want: ptr(0.0)},
+		{name: "behind", state: StateLive, backlog: 3, commit: now.Add(-90 * time.Second), want: ptr(90.0)},
+		{name: "behind and stopped", state: StateStopped, backlog: 3, commit: now.Add(-time.Minute), want: ptr(60.0)},
+		{name: "behind, commit time unknown", state: StateLive, backlog: 3},
+		{name: "backfilling", state: StateBackfilling, backlog: 10, commit: now.Add(-time.Minute)},
+		{name: "clock skew never negative", state: StateLive, backlog: 1, commit: now.Add(time.Second), want: ptr(0.0)},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got := lagSeconds(tt.state, tt.backlog, tt.commit, now)
+			switch {
+			case got == nil && tt.want == nil:
+			case got == nil || tt.want == nil || *got != *tt.want:
+				t.Errorf("lagSeconds = %v, want %v", deref(got), deref(tt.want))
+			}
+		})
+	}
+}
+
+func TestBackfillProgress(t *testing.T) {
+	start := time.Date(2025, 1, 2, 3, 0, 0, 0, time.UTC)
+	tests := []struct {
+		name                  string
+		total, done           int64
+		started, updated, now time.Time
+		wantPct               float64
+		wantETA               *float64
+	}{
+		{name: "no total yet", updated: start, now: start},
+		{name: "a quarter in 10s, just stored", total: 400, done: 100, started: start,
+			updated: start.Add(10 * time.Second), now: start.Add(10 * time.Second), wantPct: 25, wantETA: ptr(30.0)},
+		{name: "ETA shrinks after the store", total: 400, done: 100, started: start,
+			updated: start.Add(10 * time.Second), now: start.Add(15 * time.Second), wantPct: 25, wantETA: ptr(25.0)},
+		{name: "ETA never negative", total: 400, done: 100, started: start,
+			updated: start.Add(10 * time.Second), now: start.Add(time.Hour), wantPct: 25, wantETA: ptr(0.0)},
+		{name: "start unknown", total: 400, done: 100, updated: start, now: start, wantPct: 25},
+		{name: "counts from an earlier run", total: 400, done: 100, started: start.Add(time.Minute),
+			updated: start, now: start.Add(time.Minute), wantPct: 25},
+		{name: "done above total", total: 10, done: 12, started: start,
+			updated: start.Add(2 * time.Second), now: start.Add(2 * time.Second), wantPct: 100, wantETA: ptr(0.0)},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			b := backfillProgress(tt.total, tt.done, tt.started, tt.updated, tt.now)
+			if b.Total != tt.total || b.Done != tt.done || b.Percent != tt.wantPct {
+				t.Errorf("got %d/%d %.1f%%, want %d/%d %.1f%%", b.Done, b.Total, b.Percent, tt.done, tt.total, tt.wantPct)
+			}
+			switch {
+			case b.ETASeconds == nil && tt.wantETA == nil:
+			case b.ETASeconds == nil || tt.wantETA == nil || *b.ETASeconds != *tt.wantETA:
+				t.Errorf("ETA = %v, want %v", deref(b.ETASeconds), deref(tt.wantETA))
+			}
+		})
+	}
+}
+
+func TestLockKeyParts(t *testing.T) {
+	tests := []struct {
+		key            int64
+		classid, objid int64
+	}{
+		{key: 0, classid: 0, objid: 0},
+		{key: 5, classid: 0, objid: 5},
+		{key: 1<<32 | 7, classid: 1, objid: 7},
+		{key: -1, classid: 0xFFFFFFFF, objid: 0xFFFFFFFF},
+		{key: -1 << 63, classid: 0x80000000, objid: 0},
+	}
+	for _, tt := range tests {
+		c, o := lockKeyParts(tt.key)
+		if c != tt.classid || o != tt.objid {
+			t.Errorf("lockKeyParts(%d) = %d, %d; want %d, %d", tt.key, c, o, tt.classid, tt.objid)
+		}
+	}
+}
+
+func TestParseSlotName(t *testing.T) {
+	tests := []struct {
+		slot     string
+		wantName string
+		wantV    int64
+		wantOK   bool
+	}{
+		{slot: "pgscribe_balances_v1", wantName: "balances", wantV: 1, wantOK: true},
+		{slot: "pgscribe_my_v2_thing_v12", wantName: "my_v2_thing", wantV: 12, wantOK: true},
+		{slot: "pgscribe_balances_v0"},
+		{slot: "pgscribe_balances_v01"},
+		{slot: "pgscribe_balances_vx"},
+		{slot: "pgscribe_balances"},
+		{slot: "pgscribe__v1"},
+		{slot: "other_balances_v1"},
+		{slot: "pgscribex_balances_v1"},
+	}
+	for _, tt := range tests {
+		name, v, ok := parseSlotName("pgscribe", tt.slot)
+		if name != tt.wantName || v != tt.wantV || ok != tt.wantOK {
+			t.Errorf("parseSlotName(%q) = %q, %d, %v; want %q, %d, %v", tt.slot, name, v, ok, tt.wantName, tt.wantV, tt.wantOK)
+		}
+	}
+}
+
+func TestFormatBytesAndSeconds(t *testing.T) {
+	bytesCases := map[int64]string{0: "0 B", 1023: "1023 B", 1024: "1.0 KiB", 1536: "1.5 KiB", 5 << 20: "5.0 MiB", 3 << 30: "3.0 GiB"}
+	for in, want := range bytesCases {
+		if got := formatBytes(in); got != want {
+			t.Errorf("formatBytes(%d) = %q, want %q", in, got, want)
+		}
+	}
+	secCases := map[float64]string{0: "0s", 1.25: "1.3s", 75: "1m15s", 7380: "2h3m"}
+	for in, want := range secCases {
+		if got := formatSeconds(in); got != want {
+			t.Errorf("formatSeconds(%v) = %q, want %q", in, got, want)
+		}
+	}
+}
+
+func TestStatusReportOutput(t *testing.T) {
+	commit := time.Date(2025, 1, 2, 3, 4, 5, 0, time.UTC)
+	rep := &StatusReport{CheckedAt: commit.Add(time.Minute), SourceWAL: "0/3000000", Events: 10,
+		Projections: []ProjectionStatus{
+			{Projection: "balances", Version: 1, State: StateLive, Node: "n1", LockPID: 42,
+				Slot:       SlotStatus{Name: "pgscribe_balances_v1", Exists: true, ActivePID: 43},
+				Watermark:  &WatermarkStatus{Phase: "live", LSN: "0/2000000", Position: 10, CommitTime: &commit},
+				LagSeconds: ptr(0.0), LagBytes: ptr(int64(2048)), WALRetainedBytes: ptr(int64(1 << 20)), DeadLetters: 2},
+			{Projection: "audit", Version: 2, State: StateBackfilling, Slot: SlotStatus{Name: "pgscribe_audit_v2"},
+				BacklogEvents: 6, Backfill: &BackfillStatus{Total: 10, Done: 4, Percent: 40, ETASeconds: ptr(12.0)},
+				Notes: []string{"a note"}},
+		},
+		Unconfigured: []UnconfiguredSlot{{Slot: "pgscribe_balances_v7", Projection: "balances", Version: 7, WALRetainedBytes: ptr(int64(4096))}}}
+	var text bytes.Buffer
+	if err := rep.WriteText(&text); err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"balances v1", "live", "n1", "0/2000000", "2.0 KiB", "1.0 MiB",
+		"audit v2", "backfilling", "40.0% (4/10) eta 12s", "audit v2: a note", "events: 10",
+		`slot "pgscribe_balances_v7" of balances v7, which is not configured, retains 4.0 KiB of WAL: pgscribe reset -projection balances -version 7 drops it`} {
+		if !strings.Contains(text.String(), want) {
+			t.Errorf("text output lacks %q:\n%s", want, text.String())
+		}
+	}
+
+	var js bytes.Buffer
+	if err := rep.WriteJSON(&js); err != nil {
+		t.Fatal(err)
+	}
+	var back struct {
+		Projections []map[string]any `json:"projections"`
+	}
+	if err := json.Unmarshal(js.Bytes(), &back); err != nil {
+		t.Fatalf("JSON output does not parse: %v\n%s", err, js.String())
+	}
+	if len(back.Projections) != 2 {
+		t.Fatalf("got %d projections in JSON", len(back.Projections))
+	}
+	a := back.Projections[1]
+	if a["state"] != "backfilling" || a["watermark"] != nil || a["lag_seconds"] != nil {
+		t.Errorf("backfilling projection in JSON: %v", a)
+	}
+	if bf, _ := a["backfill"].(map[string]any); bf["percent"] != 40.0 || bf["eta_seconds"] != 12.0 {
+		t.Errorf("backfill in JSON: %v", a["backfill"])
+	}
+}
+
+func ptr[T any](v T) *T { return &v }
+
+func deref(p *float64) any {
+	if p == nil {
+		return nil
+	}
+	return *p
+}
