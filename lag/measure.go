@@ -48,9 +48,11 @@ type DBView struct {
 	StoredTime  time.Time
 	StoredPhase string
 	// OldestUnaccounted is the smallest commit timestamp of an event
-	// committed after the watermark's commit time, when the probe could
-	// read it (track_commit_timestamp on, bounded scan); else zero.
+	// committed after the watermark's commit time; OldestRead says whether
+	// the probe could read it (track_commit_timestamp on, bounded scan).
+	// Read but zero: no such event (they were applied since the count).
 	OldestUnaccounted time.Time
+	OldestRead        bool
 	// LastCommit is the newest cursor update of the version: when its last
 	// batch committed, on whichever node.
 	LastCommit time.Time
@@ -130,8 +132,10 @@ func compute(now time.Time, db DBView, local *Local, clock *WALClock) Reading {
 	unreceived := r.BacklogKnown && r.Backlog > 0 && !backfilling && (local == nil || local.Idle)
 	if unreceived {
 		switch at, _, ok := clock.TimeAt(r.Watermark); {
-		case !db.OldestUnaccounted.IsZero():
-			lag = max(lag, age(db.OldestUnaccounted))
+		case db.OldestRead:
+			if !db.OldestUnaccounted.IsZero() {
+				lag = max(lag, age(db.OldestUnaccounted))
+			}
 		case ok:
 			lag = max(lag, age(at))
 		}

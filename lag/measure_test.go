@@ -158,10 +158,19 @@ func TestCompute(t *testing.T) {
 		{
 			name: "not received, commit timestamp read",
 			db: db(func(d *DBView) {
-				d.Events, d.StoredLSN, d.OldestUnaccounted = 150, 0x1800, at(21)
+				d.Events, d.StoredLSN, d.OldestUnaccounted, d.OldestRead = 150, 0x1800, at(21), true
 			}),
 			local: &Local{Watermark: 0x1800, WatermarkTime: at(4), Idle: true},
 			want: Reading{LagSeconds: 9, LagBytes: 0x800, RetainedBytes: 0x1000, SlotKnown: true, Backlog: 50,
+				BacklogKnown: true, Watermark: 0x1800, WatermarkTime: at(4)},
+		},
+		{
+			name: "read no commit after the watermark: applied since the count",
+			db: db(func(d *DBView) {
+				d.Events, d.StoredLSN, d.OldestRead = 150, 0x1800, true
+			}),
+			local: &Local{Watermark: 0x1800, WatermarkTime: at(4), Idle: true},
+			want: Reading{LagBytes: 0x800, RetainedBytes: 0x1000, SlotKnown: true, Backlog: 50,
 				BacklogKnown: true, Watermark: 0x1800, WatermarkTime: at(4)},
 		},
 		{

@@ -270,6 +270,7 @@ func (p *Probe) read(ctx context.Context, st *probeState, local *Local) (DBView,
 			if err := q.QueryRow(ctx, p.tsQuery, f, threshold).Scan(&oldest); err != nil {
 				return DBView{}, fmt.Errorf("lag probe: oldest commit timestamp: %w", err)
 			}
+			db.OldestRead = true
 			if oldest != nil {
 				db.OldestUnaccounted = *oldest
 			}
