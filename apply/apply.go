@@ -176,6 +176,10 @@ func (c *Committer) Commit(ctx context.Context, batch []Input, circ *circuit) (R
 				p.kind = k.Kind()
 			}
 			p.message = err.Error()
+			var m interface{ Message() string }
+			if errors.As(err, &m) {
+				p.message = m.Message()
+			}
 		case len(intents) == 0:
 			p.out = outSkip
 		default:

@@ -90,6 +90,25 @@ func (e *EvalError) Unwrap() error { return e.Err }
 // Kind is the dead-letter error_kind: "rule:" followed by the rule name.
 func (e *EvalError) Kind() string { return "rule:" + e.Rule }
 
+// Message is the dead-letter error_message: a fail rule's own message, or
+// the field and cause of an evaluation error ("set.balance: …"). Projection,
+// rule and event are columns of the dead-letter row already.
+func (e *EvalError) Message() string {
+	if e.Fail {
+		return causeText(e.Err)
+	}
+	var b strings.Builder
+	if e.Field != "" {
+		b.WriteString(e.Field)
+		b.WriteString(": ")
+	}
+	if line, col := errorPosition(e.Err); col > 0 {
+		writePosition(&b, line, col)
+	}
+	b.WriteString(causeText(e.Err))
+	return b.String()
+}
+
 func writeWhere(b *strings.Builder, projection string, version int64, rule, field string) {
 	fmt.Fprintf(b, "projection %q v%d, ", projection, version)
 	if rule != "" {
