@@ -217,6 +217,7 @@ func (c *Committer) Commit(ctx context.Context, batch []Input, circ *circuit) (R
 			}
 			// An integrity error outside any single event (for example a
 			// deferred constraint at COMMIT) cannot be pinned on an event.
+			c.obs.BatchDone("halted", len(batch), time.Since(start))
 			return Result{}, c.halt("integrity failure not attributable to one event", err)
 		case ClassTransient:
 			c.obs.BatchDone("retried", len(batch), 0)
@@ -230,6 +231,7 @@ func (c *Committer) Commit(ctx context.Context, batch []Input, circ *circuit) (R
 			}
 			backoff = min(backoff*2, c.opts.MaxBackoff)
 		default:
+			c.obs.BatchDone("halted", len(batch), time.Since(start))
 			return Result{}, c.halt("structural failure", err)
 		}
 	}
@@ -238,14 +240,29 @@ func (c *Committer) Commit(ctx context.Context, batch []Input, circ *circuit) (R
 func (c *Committer) halt(reason string, err error) error {
 	h := &HaltError{Reason: reason, SQLState: SQLState(err), Err: err}
 	var pgErr *pgconn.PgError
-	if errors.As(err, &pgErr) {
+	if errors.As(err, &pgErr) && pgErr.TableName != "" {
 		h.Table = pgErr.TableName
-		if pgErr.SchemaName != "" && pgErr.TableName != "" {
+		if pgErr.SchemaName != "" {
 			h.Table = pgErr.SchemaName + "." + pgErr.TableName
 		}
 	}
+	// PostgreSQL names no table for errors found while planning a
+	// statement (42703 undefined column, 42P01 …): name the statement's.
+	var se *statementError
+	if h.Table == "" && errors.As(err, &se) {
+		h.Table = se.table
+	}
 	return h
 }
+
+// statementError names the read-model table of the statement that failed.
+type statementError struct {
+	table string
+	err   error
+}
+
+func (e *statementError) Error() string { return fmt.Sprintf("write %s: %v", e.table, e.err) }
+func (e *statementError) Unwrap() error { return e.err }
 
 func sleep(ctx context.Context, d time.Duration) error {
 	t := time.NewTimer(d)
@@ -297,6 +314,7 @@ func (c *Committer) attempt(ctx context.Context, evals []planned, isolate bool, 
 	if err != nil {
 		return Result{}, fmt.Errorf("load cursors: %w", err)
 	}
+	gaps := 0 // reported only once this attempt commits
 	adv := make(map[string]*cursor.Advance, len(streams))
 	order := make([]string, 0, len(streams))
 	// Work on a copy of the outcomes: a failed attempt must not leak
@@ -311,7 +329,7 @@ func (c *Committer) attempt(ctx context.Context, evals []planned, isolate bool, 
 			continue
 		}
 		if (had && p.ev.StreamPosition > cur.StreamPosition+1) || (!had && p.ev.StreamPosition > 1) {
-			c.obs.Gap()
+			gaps++
 			c.log.Warn("stream gap", "projection", c.opts.Projection, "version", c.opts.Version,
 				"stream_id", p.ev.StreamID, "cursor", cur.StreamPosition, "stream_position", p.ev.StreamPosition)
 		}
@@ -382,6 +400,9 @@ func (c *Committer) attempt(ctx context.Context, evals []planned, isolate bool, 
 		return Result{}, fmt.Errorf("commit: %w", err)
 	}
 	*circ = circLocal
+	for range gaps {
+		c.obs.Gap()
+	}
 	c.obs.Outcomes(res.Applied, res.Skipped, res.DeadLettered)
 	for _, k := range kinds {
 		c.obs.DeadLettered(k)
@@ -406,12 +427,14 @@ func (c *Committer) applyPipelined(ctx context.Context, tx pgx.Tx, plan []planne
 		return nil
 	}
 	b := &pgx.Batch{}
+	var tables []string // per queued statement, for error reports
 	if layers, ok := planGroups(intents); ok {
 		for _, layer := range layers {
 			for _, g := range layer {
 				if err := c.queueGroup(ctx, tx, b, g); err != nil {
 					return err
 				}
+				tables = append(tables, g.shape.table)
 			}
 		}
 	} else {
@@ -419,13 +442,14 @@ func (c *Committer) applyPipelined(ctx context.Context, tx pgx.Tx, plan []planne
 			if err := c.queueIntent(ctx, tx, b, in); err != nil {
 				return err
 			}
+			tables = append(tables, in.Table)
 		}
 	}
 	br := tx.SendBatch(ctx, b)
 	for i := 0; i < b.Len(); i++ {
 		if _, err := br.Exec(); err != nil {
 			_ = br.Close()
-			return err
+			return &statementError{table: tables[i], err: err}
 		}
 	}
 	return br.Close()
@@ -435,7 +459,7 @@ func (c *Committer) applyPipelined(ctx context.Context, tx pgx.Tx, plan []planne
 func (c *Committer) queueGroup(ctx context.Context, tx pgx.Tx, b *pgx.Batch, g *group) error {
 	types, err := c.cat.types(ctx, tx, g.shape.table)
 	if err != nil {
-		return err
+		return &statementError{table: g.shape.table, err: err}
 	}
 	sql, args, err := c.stmts.groupSQL(g, types)
 	if err != nil {
@@ -482,7 +506,7 @@ func (c *Committer) applyIsolated(ctx context.Context, tx pgx.Tx, plan []planned
 				if errors.As(err, &halt) {
 					return err
 				}
-				failed = fmt.Errorf("rule %s on %s: %w", p.intents[j].Rule, p.intents[j].Table, err)
+				failed = fmt.Errorf("rule %s: %w", p.intents[j].Rule, &statementError{table: p.intents[j].Table, err: err})
 				break
 			}
 		}

@@ -121,7 +121,10 @@ func transientConnError(err error) bool {
 		errors.Is(err, io.EOF), errors.Is(err, io.ErrUnexpectedEOF),
 		errors.Is(err, syscall.ECONNRESET), errors.Is(err, syscall.ECONNREFUSED),
 		errors.Is(err, syscall.ECONNABORTED), errors.Is(err, syscall.EPIPE),
-		errors.Is(err, syscall.ETIMEDOUT):
+		errors.Is(err, syscall.ETIMEDOUT),
+		// A connection the driver already closed (the server went away
+		// under it): the next attempt gets a fresh one from the pool.
+		errors.Is(err, pgconn.ErrConnClosed), errors.Is(err, net.ErrClosed):
 		return true
 	}
 	return false

@@ -87,6 +87,8 @@ func TestClassify(t *testing.T) {
 		{"nil", nil, ClassNone},
 		{"io.EOF", io.EOF, ClassTransient},
 		{"io.ErrUnexpectedEOF wrapped", fmt.Errorf("read: %w", io.ErrUnexpectedEOF), ClassTransient},
+		{"driver closed the connection", fmt.Errorf("begin: %w", pgconn.ErrConnClosed), ClassTransient},
+		{"closed network connection", fmt.Errorf("write: %w", net.ErrClosed), ClassTransient},
 		{"ECONNRESET in net.OpError", &net.OpError{Op: "read", Net: "tcp", Err: os.NewSyscallError("read", syscall.ECONNRESET)}, ClassTransient},
 		{"ECONNRESET bare wrapped", fmt.Errorf("x: %w", syscall.ECONNRESET), ClassTransient},
 		{"ECONNREFUSED", fmt.Errorf("dial: %w", syscall.ECONNREFUSED), ClassTransient},

@@ -120,20 +120,25 @@ func (p *Projection) Run(ctx context.Context) error {
 			p.releaseSlot()
 			return err
 		}
+		p.clearHalt(ctx, lease)
 		start := time.Now()
 		err = p.session(ctx, lease)
-		lease.Release(context.WithoutCancel(ctx))
-		p.releaseSlot()
-		p.metrics.SetActive(false)
 		var halt *apply.HaltError
-		switch {
-		case ctx.Err() != nil:
-			return nil
-		case errors.As(err, &halt):
+		if errors.As(err, &halt) && ctx.Err() == nil {
 			p.haltErr.Store(err)
 			p.setState(StateHalted)
 			p.log.Error("projection halted: fix the cause and restart pgscribe; nothing of the failing batch was acknowledged",
 				"sqlstate", halt.SQLState, "table", halt.Table, "reason", halt.Reason, "err", halt.Err)
+			p.holdHalted(ctx, lease, halt)
+			lease.Release(context.WithoutCancel(ctx))
+			p.releaseSlot()
+			return nil
+		}
+		lease.Release(context.WithoutCancel(ctx))
+		p.releaseSlot()
+		p.metrics.SetActive(false)
+		switch {
+		case ctx.Err() != nil:
 			return nil
 		case errors.Is(err, apply.ErrFenced), errors.Is(err, leader.ErrLost):
 			p.log.Warn("lost ownership, standing by", "err", err)
@@ -153,6 +158,57 @@ func (p *Projection) Run(ctx context.Context) error {
 		backoff = min(backoff*2, time.Minute)
 	}
 	return nil
+}
+
+// holdHalted keeps a halted projection's lock until the process stops, so
+// no standby takes over only to halt the same way, and records the halt on
+// the lease row for `pgscribe status`. The process keeps serving /metrics
+// (pgscribe_halted 1) and /healthz (503).
+func (p *Projection) holdHalted(ctx context.Context, lease *leader.Lease, halt *apply.HaltError) {
+	leases := pgx.Identifier{p.cfg.Engine.Schema, "leases"}.Sanitize()
+	reason := halt.Error()
+	if err := p.withTarget(ctx, func(conn *pgx.Conn) error {
+		_, err := conn.Exec(ctx, `UPDATE `+leases+` SET halted_at = now(), halt_reason = $4
+			WHERE projection = $1 AND version = $2 AND epoch = $3`, p.spec.Name, p.spec.Version, lease.Epoch, reason)
+		return err
+	}); err != nil {
+		p.log.Warn("record halt on lease", "err", err)
+	}
+	// Lag keeps being reported from the database while halted.
+	stopReport := p.reportStandby(ctx)
+	defer stopReport()
+	// Keep the lock session alive; if it is lost anyway, another node may
+	// take over (and will halt the same way until the cause is fixed).
+	if err := lease.Watch(ctx, p.cfg.Engine.LeaseTimeout/3); err != nil {
+		p.log.Warn("lock session lost while halted", "err", err)
+	}
+	<-ctx.Done()
+}
+
+// clearHalt removes a recorded halt from the lease row once this node owns
+// the projection again (after a restart that fixed the cause).
+func (p *Projection) clearHalt(ctx context.Context, lease *leader.Lease) {
+	leases := pgx.Identifier{p.cfg.Engine.Schema, "leases"}.Sanitize()
+	err := p.withTarget(ctx, func(conn *pgx.Conn) error {
+		_, err := conn.Exec(ctx, `UPDATE `+leases+` SET halted_at = NULL, halt_reason = NULL
+			WHERE projection = $1 AND version = $2 AND epoch = $3 AND halted_at IS NOT NULL`, p.spec.Name, p.spec.Version, lease.Epoch)
+		return err
+	})
+	if err != nil && ctx.Err() == nil {
+		p.log.Warn("clear halt on lease", "err", err)
+	}
+}
+
+// withTarget runs fn on a short-lived connection to the target database.
+func (p *Projection) withTarget(ctx context.Context, fn func(*pgx.Conn) error) error {
+	cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	conn, err := pgx.Connect(cctx, p.cfg.TargetURL())
+	if err != nil {
+		return err
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	return fn(conn)
 }
 
 func (p *Projection) releaseSlot() {

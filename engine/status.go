@@ -28,10 +28,12 @@ import (
 // How the state of a projection version is derived:
 //
 //   - stopped: no backend holds the version's advisory lock on the target
-//     database. Nothing runs it: never started, shut down, killed, between
-//     two restarts of its pipeline, or halted — a halted projection releases
-//     its lock (engine.Run), so the database cannot tell a halt from a stop;
-//     /healthz and pgscribe_halted on the node tell it.
+//     database. Nothing runs it: never started, shut down, killed, or
+//     between two restarts of its pipeline.
+//   - halted: the lock is held and the lease row records a halt: the active
+//     node halted the projection on a structural failure and keeps the lock
+//     (so no standby takes over only to halt the same way) until it is
+//     restarted; halt_reason says why.
 //   - backfilling: the lock is held and the watermark row is missing or in
 //     phase "backfilling".
 //   - live: the lock is held, the phase is "live" and a walsender streams the
@@ -78,10 +80,14 @@ type ProjectionStatus struct {
 	State      State  `json:"state"`
 	// Node is the lease's node while its advisory lock is held; LockPID the
 	// target backend that holds it.
-	Node      string           `json:"node,omitempty"`
-	LockPID   int32            `json:"lock_pid,omitempty"`
-	Slot      SlotStatus       `json:"slot"`
-	Watermark *WatermarkStatus `json:"watermark"`
+	Node    string `json:"node,omitempty"`
+	LockPID int32  `json:"lock_pid,omitempty"`
+	// HaltedAt and HaltReason are set when the active node halted the
+	// projection (it keeps the lock while halted).
+	HaltedAt   *time.Time       `json:"halted_at,omitempty"`
+	HaltReason string           `json:"halt_reason,omitempty"`
+	Slot       SlotStatus       `json:"slot"`
+	Watermark  *WatermarkStatus `json:"watermark"`
 	// LagSeconds is 0 when every event is accounted for, else the age of
 	// the watermark's commit: an upper bound of the age of the oldest event
 	// not yet applied. The stored watermark trails the engine's by up to
@@ -225,15 +231,17 @@ func lockKeyParts(key int64) (classid, objid int64) {
 
 // lease is a projection version's row in the leases table.
 type lease struct {
-	node     string
-	epoch    int64
-	acquired time.Time
+	node       string
+	epoch      int64
+	acquired   time.Time
+	haltedAt   *time.Time
+	haltReason *string
 }
 
 func loadLease(ctx context.Context, q querier, schema, projection string, version int64) (lease, bool, error) {
 	var l lease
-	err := q.QueryRow(ctx, `SELECT node, epoch, acquired_at FROM `+pgx.Identifier{schema, "leases"}.Sanitize()+
-		` WHERE projection = $1 AND version = $2`, projection, version).Scan(&l.node, &l.epoch, &l.acquired)
+	err := q.QueryRow(ctx, `SELECT node, epoch, acquired_at, halted_at, halt_reason FROM `+pgx.Identifier{schema, "leases"}.Sanitize()+
+		` WHERE projection = $1 AND version = $2`, projection, version).Scan(&l.node, &l.epoch, &l.acquired, &l.haltedAt, &l.haltReason)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return lease{}, false, nil
 	}
@@ -340,6 +348,14 @@ func Status(ctx context.Context, cfg *config.Config) (*StatusReport, error) {
 		}
 
 		ps.State = deriveState(pid != 0, haveWM, wm.Phase, slot.ActivePID != 0)
+		if pid != 0 && haveLease && ls.haltedAt != nil {
+			// A halted engine keeps the lock and records why (engine.Run).
+			ps.State = StateHalted
+			ps.HaltedAt = ls.haltedAt
+			if ls.haltReason != nil {
+				ps.HaltReason = *ls.haltReason
+			}
+		}
 		if pid != 0 {
 			ps.LockPID = pid
 			if haveLease {
@@ -486,6 +502,9 @@ func statusNotes(ps ProjectionStatus, haveWM bool, wmSlot string, hasCursors boo
 	}
 	if haveWM && wmSlot != "" && wmSlot != ps.Slot.Name {
 		notes = append(notes, fmt.Sprintf("the watermark belongs to slot %q (slot_prefix changed?): the next run rebuilds", wmSlot))
+	}
+	if ps.State == StateHalted {
+		notes = append(notes, fmt.Sprintf("halted on node %s: %s — fix the cause, then restart pgscribe on that node; nothing of the failing batch was acknowledged", ps.Node, ps.HaltReason))
 	}
 	if ps.State == StateStopped && ps.Slot.Exists {
 		notes = append(notes, "nothing runs it, and its slot retains WAL on the source until it runs again (or pgscribe reset drops it)")
