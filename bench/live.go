@@ -37,6 +37,9 @@ func (b *bench) live(ctx context.Context) error {
 	if err := b.waitLive(ctx, db, p, targets); err != nil {
 		return err
 	}
+	if err := b.resetStatements(ctx, db); err != nil {
+		return err
+	}
 	prod, err := newProducer(ctx, db, o.w4Producers, o.streams, o.w4Tick)
 	if err != nil {
 		return err
@@ -48,7 +51,7 @@ func (b *bench) live(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	if _, _, err := b.waitAccounted(ctx, db, p, targets, total); err != nil {
+	if _, _, err := b.waitAccounted(ctx, db, p, targets, total, false); err != nil {
 		return err
 	}
 	for _, rate := range o.w4Rates {
@@ -70,7 +73,7 @@ func (b *bench) live(ctx context.Context) error {
 			return err
 		}
 		total += sent
-		s1, _, err := b.waitAccounted(ctx, db, p, targets, total)
+		s1, _, err := b.waitAccounted(ctx, db, p, targets, total, false)
 		if err != nil {
 			return err
 		}
@@ -90,7 +93,8 @@ func (b *bench) live(ctx context.Context) error {
 	if err := p.stop(); err != nil {
 		return fmt.Errorf("engine stop: %w", err)
 	}
-	return nil
+	w.Statements, err = b.topStatements(ctx, db)
+	return err
 }
 
 func maxPosition(ctx context.Context, db *database) (int64, error) {

@@ -15,6 +15,7 @@ import (
 	"context"
 	"flag"
 	"fmt"
+	"maps"
 	"os"
 	"os/signal"
 	"path/filepath"
@@ -36,7 +37,8 @@ type options struct {
 	w4Producers                  int
 	w4Tick                       time.Duration
 	w5TxEvents                   int64
-	rss5M, profile               bool
+	rss5M, profile, refs         bool
+	statements                   bool
 	pgMode                       string
 	pgSet, engineSet             map[string]string
 	out, rawDir, chartDir, goCmd string
@@ -48,7 +50,7 @@ var allWorkloads = []string{"W1", "W2", "W3", "W4", "W5"}
 // presentationFlags may be set without making a run "quick": they do not
 // change what is measured.
 var presentationFlags = map[string]bool{"bin": true, "config": true, "schema": true, "rss-5m": true,
-	"profile": true, "go": true, "chart-dir": true, "chart": true, "raw": true, "out": true}
+	"profile": true, "statements": true, "go": true, "chart-dir": true, "chart": true, "raw": true, "out": true}
 
 func main() {
 	o, err := parseFlags(os.Args[1:])
@@ -81,6 +83,8 @@ func parseFlags(args []string) (options, error) {
 	fs.IntVar(&o.w4Producers, "w4-producers", 4, "W4 producer connections (each commits every -w4-tick)")
 	fs.DurationVar(&o.w4Tick, "w4-tick", 10*time.Millisecond, "W4: each producer commits what is due every tick")
 	fs.Int64Var(&o.w5TxEvents, "w5-tx-events", 100, "W5: events per appended transaction while the engine is stopped")
+	fs.BoolVar(&o.refs, "refs", true, "measure the SQL ceiling and the per-event loop (false: engine only, for quick experiments)")
+	fs.BoolVar(&o.statements, "statements", false, "load pg_stat_statements and report the engine's heaviest statements per workload")
 	fs.BoolVar(&o.rss5M, "rss-5m", false, "also backfill 5M events (before -scale) to compare peak RSS with 1M")
 	fs.BoolVar(&o.profile, "profile", false, "rerun W1 and W2 in-process with the CPU profiler; top functions go to RESULTS.md")
 	fs.StringVar(&o.pgMode, "pg-mode", "local", "harness mode: local (this machine's binaries), docker, external, or \"\" for the harness's choice")
@@ -167,7 +171,12 @@ func run(ctx context.Context, o options) error {
 	b := &bench{opts: o, tmpl: tmpl, res: newResults(o)}
 	say("load average before the run: %s", b.res.Machine.LoadBefore)
 	say("starting PostgreSQL through the test harness (mode %q, fsync on) …", o.pgMode)
-	srv, err := startServer(ctx, o.pgMode, o.pgSet, func(f string, a ...any) {})
+	pgSet := o.pgSet
+	if o.statements {
+		pgSet = maps.Clone(o.pgSet)
+		pgSet["shared_preload_libraries"] = "pg_stat_statements"
+	}
+	srv, err := startServer(ctx, o.pgMode, pgSet, func(f string, a ...any) {})
 	if err != nil {
 		return err
 	}

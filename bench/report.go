@@ -51,6 +51,15 @@ type Workload struct {
 	Rows            []Row        `json:"rows,omitempty"`
 	Latency         []LatencyRow `json:"latency,omitempty"`
 	Checks          []Check      `json:"checks,omitempty"`
+	Statements      []Statement  `json:"statements,omitempty"`
+}
+
+// Statement is one line of pg_stat_statements over an engine run.
+type Statement struct {
+	Calls   int64   `json:"calls"`
+	TotalMS float64 `json:"total_ms"`
+	Rows    int64   `json:"rows"`
+	Query   string  `json:"query"`
 }
 
 // Row is one way of building a read model: the engine, or a reference.

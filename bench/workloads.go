@@ -63,46 +63,42 @@ func (b *bench) setup(ctx context.Context, id string, targets []target) (*databa
 	if _, err := db.pool.Exec(ctx, string(ddl)+statsTable); err != nil {
 		return fail(fmt.Errorf("create read models: %w", err))
 	}
+	if b.opts.statements {
+		if _, err := db.pool.Exec(ctx, "CREATE EXTENSION IF NOT EXISTS pg_stat_statements"); err != nil {
+			return fail(err)
+		}
+	}
 	return db, cfg, nil
 }
 
 // engineRun is a measured engine run, from its start until every target
 // accounted for every event.
 type engineRun struct {
-	events   int64
-	targets  []target
-	at       sample                   // when the last target caught up
-	reached  map[string]time.Duration // per projection, since the start
-	pgCPU    time.Duration            // PostgreSQL's CPU over the run
-	pgOK     bool
-	logs     map[string]backfillLog
-	inProc   bool
-	duration time.Duration // start to the last target caught up
+	events     int64
+	targets    []target
+	at         sample                   // when the last target caught up
+	reached    map[string]time.Duration // per projection, since the start
+	pgCPU      time.Duration            // PostgreSQL's CPU over the run
+	pgOK       bool
+	logs       map[string]backfillLog
+	inProc     bool
+	duration   time.Duration // start to the last target caught up
+	statements []Statement   // with -statements: PostgreSQL's heaviest statements of the run
 }
 
 // measure starts an engine and waits until every target accounted for n
 // events (and, when backfilling, finished its backfill), then stops it.
 func (b *bench) measure(ctx context.Context, db *database, start func() (*engineProc, error), targets []target, n int64, backfilling bool) (engineRun, error) {
+	if err := b.resetStatements(ctx, db); err != nil {
+		return engineRun{}, err
+	}
 	pg0, pgOK := b.srv.cpu()
 	p, err := start()
 	if err != nil {
 		return engineRun{}, err
 	}
-	at, reached, err := b.waitAccounted(ctx, db, p, targets, n)
+	at, reached, err := b.waitAccounted(ctx, db, p, targets, n, backfilling)
 	p.stopProfile()
-	if err == nil && backfilling {
-		// Every event is accounted for, but the engine has yet to mark the
-		// backfill done (and log its figure); stopping now would interrupt
-		// it, and its next start would resync.
-		err = waitFor(ctx, time.Minute, 20*time.Millisecond, "`backfill complete` in the engine log", func() (bool, error) {
-			for _, t := range targets {
-				if _, ok := p.log.backfillOf(t.projection); !ok {
-					return false, p.check()
-				}
-			}
-			return true, nil
-		})
-	}
 	if err != nil {
 		_ = p.stop()
 		return engineRun{}, err
@@ -120,7 +116,8 @@ func (b *bench) measure(ctx context.Context, db *database, start func() (*engine
 	if err := p.stop(); err != nil {
 		return r, fmt.Errorf("engine stop: %w", err)
 	}
-	return r, nil
+	r.statements, err = b.topStatements(ctx, db)
+	return r, err
 }
 
 // engineRows turns a run into result rows: one per projection, plus one
@@ -161,6 +158,9 @@ func mb(b int64) float64         { return float64(b) / (1 << 20) }
 // writes), checks the engine's read model against the ceiling's, and adds
 // the rows with their ratio to the engine.
 func (b *bench) references(ctx context.Context, w *Workload, db *database, models []model, events int64) error {
+	if !b.opts.refs {
+		return nil
+	}
 	for _, m := range models {
 		engineRate := w.engineRate(m.projection)
 		if _, err := db.pool.Exec(ctx, "CHECKPOINT"); err != nil {
@@ -226,6 +226,7 @@ func (b *bench) backfill(ctx context.Context, id, title string, models []model, 
 		return err
 	}
 	w.Rows = append(w.Rows, r.rows("pgscribe")...)
+	w.Statements = r.statements
 	say("%s: engine %s", id, w.Rows[len(w.Rows)-1].summary())
 	if id == "W1" {
 		b.res.Memory = append(b.res.Memory, memoryRow("balances (W1)", r))
@@ -361,6 +362,7 @@ func (b *bench) catchUp(ctx context.Context, hist history) error {
 		return err
 	}
 	w.Rows = append(w.Rows, r.rows("pgscribe")...)
+	w.Statements = r.statements
 	say("W5: engine %s", w.Rows[0].summary())
 	return b.references(ctx, w, db, models, n)
 }
@@ -393,4 +395,40 @@ func (b *bench) memory(ctx context.Context, hist history) error {
 func memoryRow(label string, r engineRun) MemoryRow {
 	return MemoryRow{Label: label, Events: r.events, Rate: float64(r.events) / r.duration.Seconds(),
 		PeakRSSMB: mb(r.at.hwm), Load: loadAverage()}
+}
+
+// resetStatements clears pg_stat_statements (with -statements) so that the
+// next figures cover one engine run.
+func (b *bench) resetStatements(ctx context.Context, db *database) error {
+	if !b.opts.statements {
+		return nil
+	}
+	_, err := db.pool.Exec(ctx, "SELECT pg_stat_statements_reset()")
+	return err
+}
+
+// topStatements returns the heaviest statements run in db since the last
+// reset, by total execution time (with -statements; nil otherwise). The
+// bench's own polling shows up too, and is labelled as such by its text.
+func (b *bench) topStatements(ctx context.Context, db *database) ([]Statement, error) {
+	if !b.opts.statements {
+		return nil, nil
+	}
+	rows, err := db.pool.Query(ctx, `SELECT calls, total_exec_time, rows, query FROM pg_stat_statements
+		WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database())
+		ORDER BY total_exec_time DESC LIMIT 12`)
+	if err != nil {
+		return nil, fmt.Errorf("pg_stat_statements: %w", err)
+	}
+	defer rows.Close()
+	var out []Statement
+	for rows.Next() {
+		var s Statement
+		if err := rows.Scan(&s.Calls, &s.TotalMS, &s.Rows, &s.Query); err != nil {
+			return nil, err
+		}
+		s.Query = strings.Join(strings.Fields(s.Query), " ")
+		out = append(out, s)
+	}
+	return out, rows.Err()
 }
