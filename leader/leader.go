@@ -1,15 +1,3 @@
-// Package leader makes one node active per projection version: a
-// PostgreSQL advisory lock held on a dedicated session, plus a lease epoch
-// in the engine schema that every batch transaction verifies (fencing).
-//
-// The advisory lock decides who is active; the epoch makes that decision
-// safe against a node that lost its lock but still has working connections
-// (a network partition of only the lock session, a process frozen while its
-// batch connections stay open). Acquiring bumps the epoch with an UPDATE of
-// the lease row; every batch reads the row FOR SHARE and compares. The row
-// lock orders the two: a takeover waits for an in-flight batch of the old
-// owner to finish, and any batch of the old owner that starts after the
-// bump sees the new epoch and rolls back.
 package leader
 
 import (
@@ -17,125 +5,199 @@ import (
 	"errors"
 	"fmt"
 	"hash/fnv"
+	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/pgscribe/pgscribe/apply"
 )
 
-// Lease is held by the active node of one projection version.
+// ErrLost means the lock session broke: the lock is gone with it.
+var ErrLost = errors.New("advisory lock session lost")
+
+// Lease is held by the active node of one projection version. Check is safe
+// for concurrent use by any number of batch transactions; Watch and Release
+// share the lock session and may be called from different goroutines.
 type Lease struct {
-	conn       *pgx.Conn
+	// Epoch is the lease epoch this node wrote when it acquired the lock.
+	Epoch int64
+	// Acquired is the acquired_at this node wrote with Epoch (the server's
+	// clock, microseconds). Check compares both: an epoch alone can repeat
+	// when a PostgreSQL failover loses the last bump (asynchronous
+	// replication) and the next holder bumps to the same number again.
+	Acquired time.Time
+
 	key        int64
-	Epoch      int64
-	schema     string
 	projection string
 	version    int64
 	checkSQL   string
+
+	mu   sync.Mutex // serialises use of conn: Watch pings, Release
+	conn session    // the lock session
 }
 
-// Key derives the advisory lock key of a projection version.
+// session is what a Lease needs of its lock session (*pgx.Conn).
+type session interface {
+	Ping(ctx context.Context) error
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+	Close(ctx context.Context) error
+	IsClosed() bool
+}
+
+// Key derives the advisory lock key of a projection version. Two engine
+// schemas on one database never share a key, so two pgscribe installations
+// side by side do not block each other.
 func Key(schema, projection string, version int64) int64 {
 	h := fnv.New64a()
 	fmt.Fprintf(h, "pgscribe\x00%s\x00%s\x00%d", schema, projection, version)
 	return int64(h.Sum64())
 }
 
-// TryAcquire opens a dedicated session and tries the advisory lock. It
-// returns (nil, nil) when another node holds it.
+// sessionParams are the server settings of the lock session.
+func sessionParams(leaseTimeout time.Duration) map[string]string {
+	p := map[string]string{"application_name": "pgscribe-lock"}
+	if leaseTimeout > 0 {
+		ms := fmt.Sprint(leaseTimeout.Milliseconds())
+		// Watch pings well within this; a node that stops pinging (frozen,
+		// cut off) loses the session and the lock within leaseTimeout,
+		// whatever its own TCP stack still believes.
+		p["idle_session_timeout"] = ms
+		// The epoch bump waits for the old owner's in-flight batch (it
+		// holds the lease row FOR SHARE), never longer than a lease.
+		p["lock_timeout"] = ms
+	}
+	return p
+}
+
+// TryAcquire opens a dedicated session on the target database (url) and
+// tries the advisory lock of the projection version. When it gets the lock
+// it bumps the lease epoch in <schema>.leases, records node as the holder,
+// and returns the Lease; it returns (nil, nil) when another node holds the
+// lock. The caller must Release a returned Lease.
 //
-// leaseTimeout bounds the lock server-side: the session runs with
-// idle_session_timeout = leaseTimeout, and Watch pings it well within that.
-// A node that freezes (SIGSTOP, a stuck disk, a long pause) stops pinging,
-// PostgreSQL ends its session, and the lock is free for a standby within
-// leaseTimeout — whatever the frozen node's TCP stack still believes. When it
-// wakes, its batches fail the epoch check.
+// leaseTimeout (0 = unbounded) bounds the lock server-side: the session
+// runs with idle_session_timeout = leaseTimeout, which Watch's pings keep
+// from firing on a healthy node, so a frozen node loses the lock within
+// leaseTimeout. idle_session_timeout needs PostgreSQL 14 or later.
 func TryAcquire(ctx context.Context, url, schema, projection string, version int64, node string, leaseTimeout time.Duration) (*Lease, error) {
 	cfg, err := pgx.ParseConfig(url)
 	if err != nil {
 		return nil, fmt.Errorf("parse target url: %w", err)
 	}
-	cfg.RuntimeParams["application_name"] = "pgscribe-lock"
-	if leaseTimeout > 0 {
-		cfg.RuntimeParams["idle_session_timeout"] = fmt.Sprint(leaseTimeout.Milliseconds())
-		// The epoch bump waits for the old owner's in-flight batch (it holds
-		// the lease row FOR SHARE); never longer than a lease.
-		cfg.RuntimeParams["lock_timeout"] = fmt.Sprint(leaseTimeout.Milliseconds())
+	for k, v := range sessionParams(leaseTimeout) {
+		cfg.RuntimeParams[k] = v
 	}
 	conn, err := pgx.ConnectConfig(ctx, cfg)
 	if err != nil {
+		var pgErr *pgconn.PgError
+		if errors.As(err, &pgErr) && pgErr.Code == "42704" { // undefined_object: unknown setting
+			return nil, fmt.Errorf("connect lock session (lease_timeout needs idle_session_timeout, PostgreSQL 14 or later): %w", err)
+		}
 		return nil, fmt.Errorf("connect lock session: %w", err)
 	}
-	l := &Lease{conn: conn, key: Key(schema, projection, version), schema: schema, projection: projection, version: version}
+	l := &Lease{conn: conn, key: Key(schema, projection, version), projection: projection, version: version}
+	fail := func(err error) (*Lease, error) {
+		conn.Close(context.WithoutCancel(ctx))
+		return nil, err
+	}
 	var got bool
 	if err := conn.QueryRow(ctx, "SELECT pg_try_advisory_lock($1)", l.key).Scan(&got); err != nil {
-		conn.Close(context.WithoutCancel(ctx))
-		return nil, fmt.Errorf("try advisory lock: %w", err)
+		return fail(fmt.Errorf("try advisory lock: %w", err))
 	}
 	if !got {
-		conn.Close(context.WithoutCancel(ctx))
-		return nil, nil
+		return fail(nil)
 	}
+	// The bump must follow the lock: only the lock holder may move the
+	// epoch, and every batch of a previous holder that started before it
+	// has finished (the row lock) by the time it commits. acquired_at is
+	// the time the row lock was had, not when the statement began waiting.
 	leases := pgx.Identifier{schema, "leases"}.Sanitize()
 	err = conn.QueryRow(ctx, `INSERT INTO `+leases+` AS l (projection, version, epoch, node, acquired_at)
-		VALUES ($1, $2, 1, $3, now())
-		ON CONFLICT (projection, version) DO UPDATE SET epoch = l.epoch + 1, node = EXCLUDED.node, acquired_at = now()
-		RETURNING epoch`, projection, version, node).Scan(&l.Epoch)
+		VALUES ($1, $2, 1, $3, clock_timestamp())
+		ON CONFLICT (projection, version) DO UPDATE SET epoch = l.epoch + 1, node = EXCLUDED.node, acquired_at = clock_timestamp()
+		RETURNING epoch, acquired_at`, projection, version, node).Scan(&l.Epoch, &l.Acquired)
 	if err != nil {
-		conn.Close(context.WithoutCancel(ctx))
-		return nil, fmt.Errorf("bump lease epoch: %w", err)
+		return fail(fmt.Errorf("bump lease epoch: %w", err))
 	}
-	l.checkSQL = `SELECT epoch FROM ` + leases + ` WHERE projection = $1 AND version = $2 FOR SHARE`
+	l.checkSQL = `SELECT epoch, acquired_at FROM ` + leases + ` WHERE projection = $1 AND version = $2 FOR SHARE`
 	return l, nil
 }
 
-// Check implements apply.Fence: inside a batch transaction, lock the lease
-// row for share and verify the epoch is still ours.
+// Check implements apply.Fence. It must be the first statement of the
+// batch transaction: it locks the lease row for share and verifies the
+// lease is still ours (same epoch and acquired_at), so that a takeover waits
+// for this transaction and everything the transaction reads afterwards is at
+// least as new as the previous owner's last commit. A changed or missing
+// lease returns an error wrapping apply.ErrFenced; the caller must roll
+// back.
 func (l *Lease) Check(ctx context.Context, tx pgx.Tx) error {
 	var epoch int64
-	err := tx.QueryRow(ctx, l.checkSQL, l.projection, l.version).Scan(&epoch)
+	var acquired time.Time
+	err := tx.QueryRow(ctx, l.checkSQL, l.projection, l.version).Scan(&epoch, &acquired)
 	if errors.Is(err, pgx.ErrNoRows) {
-		return apply.ErrFenced
+		return fmt.Errorf("%w (lease row of %s v%d is gone)", apply.ErrFenced, l.projection, l.version)
 	}
 	if err != nil {
 		return fmt.Errorf("check lease epoch: %w", err)
 	}
-	if epoch != l.Epoch {
-		return fmt.Errorf("%w (ours %d, current %d)", apply.ErrFenced, l.Epoch, epoch)
+	if epoch != l.Epoch || !acquired.Equal(l.Acquired) {
+		return fmt.Errorf("%w (ours %d acquired %s, current %d acquired %s)", apply.ErrFenced,
+			l.Epoch, l.Acquired.UTC().Format(time.RFC3339Nano), epoch, acquired.UTC().Format(time.RFC3339Nano))
 	}
 	return nil
 }
 
-// ErrLost means the lock session broke: the lock is gone with it.
-var ErrLost = errors.New("advisory lock session lost")
-
-// Watch pings the lock session every interval and returns ErrLost (wrapped)
-// when it fails, or nil when ctx ends.
+// Watch pings the lock session at once and then every interval, and returns
+// an error wrapping ErrLost when a ping fails or takes longer than
+// interval; it returns nil when ctx ends. The pings are what keep the
+// session's idle_session_timeout from firing, so interval must be well
+// below the lease timeout (the engine uses a third).
 func (l *Lease) Watch(ctx context.Context, interval time.Duration) error {
 	t := time.NewTicker(interval)
 	defer t.Stop()
 	for {
+		if err := l.ping(ctx, interval); err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
+			return fmt.Errorf("%w: %w", ErrLost, err)
+		}
 		select {
 		case <-ctx.Done():
 			return nil
 		case <-t.C:
-			pctx, cancel := context.WithTimeout(ctx, interval)
-			err := l.conn.Ping(pctx)
-			cancel()
-			if err != nil && ctx.Err() == nil {
-				return fmt.Errorf("%w: %v", ErrLost, err)
-			}
 		}
 	}
 }
 
-// Release unlocks and closes the session. Closing alone would release the
-// lock too; unlocking first makes the handover immediate.
-func (l *Lease) Release(ctx context.Context) {
-	ctx = context.WithoutCancel(ctx)
-	cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+// ping runs an empty statement on the lock session. Its deadline does not
+// follow ctx's cancellation: a graceful stop must not break the session in
+// the middle of a ping, so that Release can still unlock it cleanly.
+func (l *Lease) ping(ctx context.Context, timeout time.Duration) error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if ctx.Err() != nil {
+		return ctx.Err()
+	}
+	pctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), timeout)
 	defer cancel()
-	_, _ = l.conn.Exec(cctx, "SELECT pg_advisory_unlock($1)", l.key)
-	_ = l.conn.Close(cctx)
+	return l.conn.Ping(pctx)
+}
+
+// Release unlocks and closes the lock session; it waits for a ping in
+// progress. Closing alone would release the lock too, but an explicit
+// unlock makes the handover to a standby immediate even where the close
+// is slow to reach the server. Safe to call on a lost lease and more than
+// once.
+func (l *Lease) Release(ctx context.Context) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	defer cancel()
+	if !l.conn.IsClosed() {
+		_, _ = l.conn.Exec(ctx, "SELECT pg_advisory_unlock($1)", l.key)
+	}
+	_ = l.conn.Close(ctx)
 }
