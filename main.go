@@ -129,6 +129,11 @@ func run(args []string, stdout, stderr io.Writer) error {
 		if err != nil {
 			return err
 		}
+		// A rule that does not compile is a configuration error (exit 2,
+		// which the systemd unit does not restart), not a runtime failure.
+		if _, err := engine.Compile(cfg); err != nil {
+			return &exitError{code: 2, err: err}
+		}
 		return runEngine(cfg, log)
 	case "migrate":
 		eventsTable := fs.Bool("events-table", false, "also create the reference events table")

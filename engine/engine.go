@@ -104,20 +104,9 @@ func (p *Projection) Run(ctx context.Context) error {
 	backoff := time.Second
 	for ctx.Err() == nil {
 		stopStandby := p.reportStandby(ctx) // lag from the database until this node is active
-		if p.slots != nil {
-			// max_active_projections: wait for a free slot on this node
-			// before even trying the lock, so other nodes take the rest.
-			p.setState(StateStandby)
-			select {
-			case p.slots <- struct{}{}:
-			case <-ctx.Done():
-				return nil
-			}
-		}
 		lease, err := p.acquire(ctx)
 		stopStandby()
 		if err != nil || lease == nil {
-			p.releaseSlot()
 			return err
 		}
 		p.clearHalt(ctx, lease)
@@ -218,10 +207,26 @@ func (p *Projection) releaseSlot() {
 }
 
 // acquire stands by until the lock is ours; nil lease when ctx ended.
+//
+// With max_active_projections it takes one of this node's slots for each
+// attempt and keeps it only with the lock (Run frees it when the session
+// ends). Holding a slot while polling a lock that another node holds would
+// keep this node's other projections from ever trying theirs.
 func (p *Projection) acquire(ctx context.Context) (*leader.Lease, error) {
 	logged := false
 	for {
+		if p.slots != nil {
+			p.setState(StateStandby) // not active while waiting for a slot
+			select {
+			case p.slots <- struct{}{}:
+			case <-ctx.Done():
+				return nil, nil
+			}
+		}
 		l, err := leader.TryAcquire(ctx, p.cfg.TargetURL(), p.cfg.Engine.Schema, p.spec.Name, p.spec.Version, p.cfg.Engine.Node, p.cfg.Engine.LeaseTimeout)
+		if l == nil {
+			p.releaseSlot()
+		}
 		if err != nil {
 			if ctx.Err() != nil {
 				return nil, nil
