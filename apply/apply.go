@@ -61,6 +61,10 @@ type Options struct {
 	// mismatch, not poison: the projection halts instead of draining the
 	// stream into dead letters. Default 20.
 	CircuitThreshold int
+	// SuspectWait bounds how long a partition waits for more events before
+	// it dead-letters the integrity failures of a batch in which nothing
+	// applied (see errSuspect). Default 1s.
+	SuspectWait time.Duration
 }
 
 // HaltError stops a projection: a structural failure, a tripped circuit, or
@@ -116,6 +120,9 @@ func NewCommitter(pool *pgxpool.Pool, opts Options, eval Evaluator, fence Fence,
 	if opts.MaxBackoff <= 0 {
 		opts.MaxBackoff = 30 * time.Second
 	}
+	if opts.SuspectWait <= 0 {
+		opts.SuspectWait = time.Second
+	}
 	return &Committer{
 		pool: pool, opts: opts, eval: eval, fence: fence, obs: obs, log: log,
 		cursors: cursor.New(opts.Schema, opts.Projection, opts.Version),
@@ -161,6 +168,22 @@ type circuit struct {
 // dead letters; structural failures return a *HaltError. The batch's events
 // must be in commit order per stream.
 func (c *Committer) Commit(ctx context.Context, batch []Input, circ *circuit) (Result, error) {
+	return c.commit(ctx, batch, circ, true)
+}
+
+// errSuspect: an isolated attempt applied none of the batch's events, and
+// dead-lettering its integrity failures now could drain a schema mismatch
+// into the dead-letter table before the circuit has seen enough failures
+// to trip (a live batch is often one or two events long). The attempt was
+// rolled back; the partition grows the batch with the events queued behind
+// it and commits again, and dead-letters the failures only when no more
+// events come (final).
+var errSuspect = errors.New("no event of the batch applied: waiting for more events before dead-lettering")
+
+// commit is Commit. Unless final, it returns errSuspect instead of
+// committing a batch in which nothing applied and integrity failures would
+// be dead-lettered.
+func (c *Committer) commit(ctx context.Context, batch []Input, circ *circuit, final bool) (Result, error) {
 	start := time.Now()
 	evals := make([]planned, len(batch))
 	for i, in := range batch {
@@ -191,7 +214,10 @@ func (c *Committer) Commit(ctx context.Context, batch []Input, circ *circuit) (R
 	isolate := false
 	backoff := c.opts.Backoff
 	for attempt := 1; ; attempt++ {
-		res, err := c.attempt(ctx, evals, isolate, circ)
+		res, err := c.attempt(ctx, evals, isolate, final, circ)
+		if errors.Is(err, errSuspect) {
+			return Result{}, err
+		}
 		if err == nil {
 			c.obs.BatchDone("committed", len(batch), time.Since(start))
 			if isolate {
@@ -281,7 +307,7 @@ var ErrFenced = errors.New("fenced: lease epoch changed, another node owns this 
 
 // attempt runs one transaction for the batch. On error the transaction is
 // rolled back (with a context that survives cancellation).
-func (c *Committer) attempt(ctx context.Context, evals []planned, isolate bool, circ *circuit) (res Result, err error) {
+func (c *Committer) attempt(ctx context.Context, evals []planned, isolate, final bool, circ *circuit) (res Result, err error) {
 	conn, err := c.pool.Acquire(ctx)
 	if err != nil {
 		return Result{}, fmt.Errorf("acquire connection: %w", err)
@@ -347,8 +373,12 @@ func (c *Committer) attempt(ctx context.Context, evals []planned, isolate bool, 
 	// so a retried attempt does not count the same failures twice.
 	circLocal := *circ
 	if isolate {
-		if err := c.applyIsolated(ctx, tx, plan, &circLocal); err != nil {
+		applied, failed, err := c.applyIsolated(ctx, tx, plan, &circLocal)
+		if err != nil {
 			return Result{}, err
+		}
+		if applied == 0 && failed > 0 && !final && !c.opts.HaltOnError {
+			return Result{}, errSuspect
 		}
 	} else {
 		if err := c.applyPipelined(ctx, tx, plan); err != nil {
@@ -489,22 +519,23 @@ func (c *Committer) execIntent(ctx context.Context, tx pgx.Tx, in *event.Intent)
 
 // applyIsolated applies event by event, each under a savepoint, and turns
 // an integrity failure into a dead letter for exactly that event. Events of
-// the same stream after it still apply, in order.
-func (c *Committer) applyIsolated(ctx context.Context, tx pgx.Tx, plan []planned, circ *circuit) error {
+// the same stream after it still apply, in order. It returns how many
+// events applied and how many failed an integrity check.
+func (c *Committer) applyIsolated(ctx context.Context, tx pgx.Tx, plan []planned, circ *circuit) (applied, failedN int, err error) {
 	for i := range plan {
 		p := &plan[i]
 		if p.out != outApply {
 			continue
 		}
 		if _, err := tx.Exec(ctx, "SAVEPOINT pgscribe_event"); err != nil {
-			return err
+			return applied, failedN, err
 		}
 		var failed error
 		for j := range p.intents {
 			if err := c.execIntent(ctx, tx, &p.intents[j]); err != nil {
 				var halt *HaltError
 				if errors.As(err, &halt) {
-					return err
+					return applied, failedN, err
 				}
 				failed = fmt.Errorf("rule %s: %w", p.intents[j].Rule, &statementError{table: p.intents[j].Table, err: err})
 				break
@@ -512,17 +543,19 @@ func (c *Committer) applyIsolated(ctx context.Context, tx pgx.Tx, plan []planned
 		}
 		if failed == nil {
 			if _, err := tx.Exec(ctx, "RELEASE SAVEPOINT pgscribe_event"); err != nil {
-				return err
+				return applied, failedN, err
 			}
 			circ.state, circ.count = "", 0
+			applied++
 			continue
 		}
 		if Classify(failed) != ClassIntegrity {
-			return failed
+			return applied, failedN, failed
 		}
 		if _, err := tx.Exec(ctx, "ROLLBACK TO SAVEPOINT pgscribe_event"); err != nil {
-			return err
+			return applied, failedN, err
 		}
+		failedN++
 		state := SQLState(failed)
 		if circ.state == state {
 			circ.count++
@@ -530,7 +563,7 @@ func (c *Committer) applyIsolated(ctx context.Context, tx pgx.Tx, plan []planned
 			circ.state, circ.count = state, 1
 		}
 		if circ.count >= c.opts.CircuitThreshold {
-			return c.halt(fmt.Sprintf("circuit open: %d consecutive events failed with the same integrity error (schema mismatch?)", circ.count), failed)
+			return applied, failedN, c.halt(fmt.Sprintf("circuit open: %d consecutive events failed with the same integrity error (schema mismatch?)", circ.count), failed)
 		}
 		p.out = outDead
 		p.kind = "commit:" + Describe(failed)
@@ -538,5 +571,5 @@ func (c *Committer) applyIsolated(ctx context.Context, tx pgx.Tx, plan []planned
 		p.sqlstate = state
 		p.intents = nil
 	}
-	return nil
+	return applied, failedN, nil
 }

@@ -2,6 +2,7 @@ package apply
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"hash/fnv"
 	"time"
@@ -103,6 +104,38 @@ func (p *Partitions) Run(ctx context.Context, stop <-chan struct{}) error {
 	return first
 }
 
+// grow waits up to SuspectWait for more events of the partition and appends
+// what is queued, up to twice the larger of the batch size and the circuit
+// threshold. more reports whether any event came; stopped, that stop or
+// ctx ended the wait.
+func (p *Partitions) grow(ctx context.Context, stop <-chan struct{}, q chan Input, batch []Input) (_ []Input, more, stopped bool) {
+	limit := 2 * max(p.batchSize(), p.committer.opts.CircuitThreshold)
+	if len(batch) >= limit {
+		return batch, false, false
+	}
+	t := time.NewTimer(p.committer.opts.SuspectWait)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return batch, false, true
+	case <-stop:
+		return batch, false, true
+	case <-t.C:
+		return batch, false, false
+	case in := <-q:
+		batch = append(batch, in)
+	}
+	for len(batch) < limit {
+		select {
+		case in := <-q:
+			batch = append(batch, in)
+		default:
+			return batch, true, false
+		}
+	}
+	return batch, true, false
+}
+
 func (p *Partitions) work(ctx context.Context, i int, stop <-chan struct{}) error {
 	q := p.queues[i]
 	var circ circuit
@@ -137,7 +170,19 @@ func (p *Partitions) work(ctx context.Context, i int, stop <-chan struct{}) erro
 		}
 		// A graceful stop (stop closed) lets this commit run to completion;
 		// only cancelling ctx (a hard stop) aborts it, and then it rolls back.
-		res, err := p.committer.Commit(ctx, batch, &circ)
+		res, err := p.committer.commit(ctx, batch, &circ, false)
+		for errors.Is(err, errSuspect) {
+			// Nothing in the batch applied. Before dead-lettering, look at
+			// the events queued behind it: one that applies proves poison,
+			// enough failures trip the circuit. With no more events (or a
+			// batch at its bound) the failures are dead-lettered.
+			var more, stopped bool
+			batch, more, stopped = p.grow(ctx, stop, q, batch)
+			if stopped {
+				return nil // nothing acknowledged: replayed after the restart
+			}
+			res, err = p.committer.commit(ctx, batch, &circ, !more)
+		}
 		if err != nil {
 			if ctx.Err() != nil {
 				return nil

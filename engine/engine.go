@@ -523,13 +523,32 @@ func (p *Projection) logProgress(done, total int64, started time.Time) {
 }
 
 // fenced runs fn in a transaction that verifies the lease epoch first.
+//
+// Transient failures (a killed pooled connection, a server restart) are
+// retried like a batch's ([retry] backoff and max_attempts): one broken
+// connection must not end the session, which would restart a backfill from
+// a new snapshot. fn must be safe to run again.
 func (p *Projection) fenced(ctx context.Context, pool *pgxpool.Pool, lease *leader.Lease, fn func(pgx.Tx) error) error {
-	return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-		if err := lease.Check(ctx, tx); err != nil {
+	backoff := p.cfg.Retry.Backoff
+	for attempt := 1; ; attempt++ {
+		err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+			if err := lease.Check(ctx, tx); err != nil {
+				return err
+			}
+			return fn(tx)
+		})
+		if err == nil || ctx.Err() != nil || apply.Classify(err) != apply.ClassTransient ||
+			(p.cfg.Retry.MaxAttempts > 0 && attempt >= p.cfg.Retry.MaxAttempts) {
 			return err
 		}
-		return fn(tx)
-	})
+		p.log.Warn("transient failure, retrying", "attempt", attempt, "sqlstate", apply.SQLState(err), "backoff", backoff, "err", err)
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(backoff):
+		}
+		backoff = min(2*backoff, p.cfg.Retry.MaxBackoff)
+	}
 }
 
 func (p *Projection) saveWatermark(ctx context.Context, pool *pgxpool.Pool, store *cursor.Store, lease *leader.Lease, tracker *lag.Tracker) {
