@@ -94,8 +94,15 @@ func New(schema, projection string, version int64) *Store {
 		projection: projection,
 		version:    version,
 
-		loadSQL: "SELECT stream_id, stream_position, position FROM " + cursors +
-			" WHERE " + this + " AND stream_id = ANY($3)",
+		// One primary-key probe per stream, whatever the planner knows of
+		// the table: "stream_id = ANY($3)" gets a generic plan that scans
+		// every cursor of the version while the table has no statistics
+		// (a first backfill), and LIMIT 1 keeps the lateral from turning
+		// into the same scan as a hash join.
+		loadSQL: `SELECT u.stream_id, c.stream_position, c.position
+FROM unnest($3::text[]) AS u (stream_id)
+CROSS JOIN LATERAL (SELECT stream_position, position FROM ` + cursors + ` AS c
+  WHERE c.projection = $1 AND c.version = $2 AND c.stream_id = u.stream_id LIMIT 1) AS c`,
 
 		// Positions take the new values; counts add up. One statement for the
 		// whole batch; Advance merges duplicate streams first, because ON
