@@ -189,7 +189,15 @@ func (c *Committer) commit(ctx context.Context, batch []Input, circ *circuit, fi
 	for i, in := range batch {
 		p := &evals[i]
 		p.ev = in.Event
-		intents, err := c.eval.Eval(in.Event)
+		// Events arrive with raw JSON; decoding here spreads it over the
+		// partitions. Decoded once: a retried batch reuses it.
+		err := in.Event.Decode()
+		var intents []event.Intent
+		if err == nil {
+			intents, err = c.eval.Eval(in.Event)
+		} else {
+			err = decodeError{err}
+		}
 		switch {
 		case err != nil:
 			p.out = outDead
@@ -300,6 +308,15 @@ func sleep(ctx context.Context, d time.Duration) error {
 		return nil
 	}
 }
+
+// decodeError dead-letters an event whose data or metadata is not JSON
+// (possible with a json or text column, never with jsonb).
+type decodeError struct{ err error }
+
+func (e decodeError) Error() string   { return e.err.Error() }
+func (e decodeError) Unwrap() error   { return e.err }
+func (e decodeError) Kind() string    { return "decode" }
+func (e decodeError) Message() string { return e.err.Error() }
 
 // ErrFenced is returned when the lease epoch no longer matches: another node
 // took over this projection. Nothing of the batch was committed.

@@ -57,3 +57,25 @@ func normalize(v any) any {
 		return v
 	}
 }
+
+// Decode fills Data and Metadata from RawData and RawMetadata unless they
+// are already set. The replication stage leaves decoding to the apply
+// stage's partition workers, so it runs in parallel, off the single
+// reader goroutine. Not safe for concurrent use on one Event.
+func (e *Event) Decode() error {
+	if e.Data == nil {
+		d, err := DecodeDocument(e.RawData)
+		if err != nil {
+			return fmt.Errorf("event %s data: %w", e.ID, err)
+		}
+		e.Data = d
+	}
+	if e.Metadata == nil {
+		m, err := DecodeDocument(e.RawMetadata)
+		if err != nil {
+			return fmt.Errorf("event %s metadata: %w", e.ID, err)
+		}
+		e.Metadata = m
+	}
+	return nil
+}

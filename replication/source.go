@@ -245,19 +245,14 @@ func (s *Snapshot) Close(ctx context.Context) error {
 	return s.tx.Rollback(context.WithoutCancel(ctx))
 }
 
+// decodeDocuments keeps the raw JSON of data and metadata; the apply
+// stage decodes it (event.Event.Decode) in its partition workers.
 func decodeDocuments(ev *event.Event, data, meta *string) error {
-	var err error
 	if data != nil {
 		ev.RawData = []byte(*data)
 	}
 	if meta != nil {
 		ev.RawMetadata = []byte(*meta)
-	}
-	if ev.Data, err = event.DecodeDocument(ev.RawData); err != nil {
-		return fmt.Errorf("event %s data: %w", ev.ID, err)
-	}
-	if ev.Metadata, err = event.DecodeDocument(ev.RawMetadata); err != nil {
-		return fmt.Errorf("event %s metadata: %w", ev.ID, err)
 	}
 	return nil
 }
