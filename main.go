@@ -14,6 +14,7 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"runtime/debug"
 	"syscall"
 	"time"
 
@@ -82,6 +83,13 @@ func usageErr(format string, args ...any) error {
 var errHelp = errors.New("help requested")
 
 func main() {
+	// The engine's live heap is small and flat (bounded queues), so the
+	// default GC target makes it collect far more often than memory needs:
+	// GOGC=200 cut the engine's CPU per event by ~20% in a 300k-event
+	// backfill for ~16 MB more peak RSS. GOGC in the environment wins.
+	if os.Getenv("GOGC") == "" {
+		debug.SetGCPercent(200)
+	}
 	err := run(os.Args[1:], os.Stdout, os.Stderr)
 	if err == nil || errors.Is(err, errHelp) {
 		return
