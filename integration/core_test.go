@@ -337,7 +337,10 @@ func TestSlotNeverConfirmedAhead(t *testing.T) {
 // TestGracefulStopUnderLoad stops pgscribe with SIGTERM under load, once
 // while it backfills and twice while it streams: each time it exits 0
 // within the shutdown timeout, leaves no session behind, and has not
-// confirmed the slot past what it applied. Restarted, it ends exact.
+// confirmed the slot past what it applied. Restarted, it ends exact. The
+// backfill it stops is a resumed one (after a SIGKILL), whose tracker
+// starts from the previous slot's position: a stop there must not mark the
+// projection live.
 func TestGracefulStopUnderLoad(t *testing.T) {
 	bal, act := balancesProjection(), activityProjection()
 	r := newRig(t, []coreProjection{bal, act}, nil)
@@ -350,14 +353,25 @@ func TestGracefulStopUnderLoad(t *testing.T) {
 	defer cancel()
 
 	const shutdownTimeout = 30 * time.Second // rigEngineDefaults
+	backfillProgress := func(s *scribe) {
+		t.Helper()
+		s.waitLog(time.Minute, `msg="backfill started" projection=balances`)
+		before, err := r.accounted(ctx, bal)
+		if err != nil {
+			t.Fatal(err)
+		}
+		r.waitUntil(time.Minute, "the backfill to apply something", func(ctx context.Context) (bool, error) {
+			n, err := r.accounted(ctx, bal)
+			return n > before, err
+		})
+	}
+	s := r.start()
+	backfillProgress(s)
+	s.kill()
 	for i := range 3 {
 		s := r.start()
 		if i == 0 {
-			s.waitLog(time.Minute, `msg="backfill started" projection=balances`)
-			r.waitUntil(time.Minute, "the backfill to apply something", func(ctx context.Context) (bool, error) {
-				n, err := r.accounted(ctx, bal)
-				return n > 0, err
-			})
+			backfillProgress(s)
 		} else {
 			r.waitStreaming(s, 2*time.Minute)
 		}
@@ -385,7 +399,7 @@ func TestGracefulStopUnderLoad(t *testing.T) {
 		})
 		r.checkNotAhead(fmt.Sprintf("stop %d", i+1), a)
 	}
-	s := r.start()
+	s = r.start()
 	a.stop()
 	a.checkErrors()
 	r.waitCaughtUp(3 * time.Minute)

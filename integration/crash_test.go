@@ -19,7 +19,8 @@ import (
 // Kill moments are random (seeded, see the log) within the window that
 // matters: after the backfill started, at a random share of the remaining
 // backfill, or a random moment after streaming resumed and applied
-// something. After each kill during streaming, the slot must not be
+// something and a 2000-event transaction committed (or once part of that
+// transaction is applied). After each kill during streaming, the slot must not be
 // confirmed past an unapplied transaction. At the end both projections are
 // exact and nothing was dead-lettered.
 func TestKillDuringBackfillAndLive(t *testing.T) {
@@ -85,7 +86,7 @@ func TestKillDuringBackfillAndLive(t *testing.T) {
 	// Heavier load while streaming, so that kills find batches in flight
 	// and a backlog between what was received and what was applied.
 	a.pause.Store(int64(time.Millisecond))
-	for range liveKills {
+	for i := range liveKills {
 		s := r.start()
 		r.waitStreaming(s, 3*time.Minute)
 		before, err := r.accounted(ctx, bal)
@@ -96,7 +97,31 @@ func TestKillDuringBackfillAndLive(t *testing.T) {
 			n, err := r.accounted(ctx, bal)
 			return n > before, err
 		})
-		d := time.Duration(rng.IntN(1500)) * time.Millisecond
+		// A large source transaction (2000 events over 500 new streams),
+		// applied in many batches over every partition: the kill may fall
+		// while it is partly applied.
+		bulk := fmt.Sprintf("bulk%d-", kills)
+		r.bulk(bulk, 500, 4)
+		bulkApplied := func(ctx context.Context) (int64, error) {
+			var n int64
+			err := r.pool.QueryRow(ctx, `SELECT coalesce(sum(applied + skipped + dead_lettered), 0)::bigint FROM pgscribe.cursors
+				WHERE projection = $1 AND version = $2 AND stream_id LIKE $3 || '%'`, bal.name, bal.version, bulk).Scan(&n)
+			return n, err
+		}
+		var d time.Duration
+		where := "its commit"
+		if i%2 == 1 {
+			// Aim at the large transaction itself: once part of it is
+			// applied.
+			r.waitUntil(2*time.Minute, "balances to apply part of the large transaction", func(ctx context.Context) (bool, error) {
+				n, err := bulkApplied(ctx)
+				return n > 0, err
+			})
+			d = time.Duration(rng.IntN(200)) * time.Millisecond
+			where = "part of it was applied"
+		} else {
+			d = time.Duration(rng.IntN(1500)) * time.Millisecond
+		}
 		time.Sleep(d) // the random kill moment itself, not synchronisation
 		s.kill()
 		kills++
@@ -105,8 +130,12 @@ func TestKillDuringBackfillAndLive(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		t.Logf("kill %d (live) %s after streaming resumed: balances accounted %d → %d; checked %d transactions at or below the confirmed LSNs",
-			kills, d, before, after, covered)
+		bulkDone, err := bulkApplied(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Logf("kill %d (live) %s after %s, with %d of the large transaction's 2000 events applied: balances accounted %d → %d; checked %d transactions at or below the confirmed LSNs",
+			kills, d, where, bulkDone, before, after, covered)
 	}
 
 	s := r.start()

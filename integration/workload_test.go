@@ -360,29 +360,37 @@ func (r *rig) slot(p coreProjection) string {
 }
 
 // seed inserts streams × perStream events in one transaction, before
-// pgscribe first starts: the backfill's material. Stream i is
-// acct-<i>; its first event opens the account, the others are deposits,
-// withdrawals and notes, interleaved across streams in position order.
+// pgscribe first starts: the backfill's material. Stream i is acct-<i>.
 func (r *rig) seed(streams, perStream int) {
+	r.t.Helper()
+	r.bulk("acct-", streams, perStream)
+}
+
+// bulk inserts streams × perStream events in one transaction into new
+// streams <prefix><i>: each stream's first event opens the account, the
+// others are deposits, withdrawals and notes, interleaved across streams in
+// position order.
+func (r *rig) bulk(prefix string, streams, perStream int) {
 	r.t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	r.exec(ctx, `INSERT INTO events (stream_id, stream_position, type, data)
-SELECT 'acct-' || s, sp,
+SELECT $3 || s, sp,
 	CASE WHEN sp = 1 THEN 'AccountOpened' WHEN h < 45 THEN 'Deposited' WHEN h < 85 THEN 'Withdrawn' ELSE 'NoteAdded' END,
-	CASE WHEN sp = 1 THEN jsonb_build_object('account_id', 'acct-' || s, 'owner', 'owner ' || s, 'initial', (s * 7919) % 1000)
-		WHEN h < 85 THEN jsonb_build_object('account_id', 'acct-' || s, 'amount', 1 + (s * 31 + sp * 17) % 100)
-		ELSE jsonb_build_object('account_id', 'acct-' || s, 'note', 'note ' || sp) END
+	CASE WHEN sp = 1 THEN jsonb_build_object('account_id', $3 || s, 'owner', 'owner ' || s, 'initial', (s * 7919) % 1000)
+		WHEN h < 85 THEN jsonb_build_object('account_id', $3 || s, 'amount', 1 + (s * 31 + sp * 17) % 100)
+		ELSE jsonb_build_object('account_id', $3 || s, 'note', 'note ' || sp) END
 FROM generate_series(1, $2::int) AS sp
 CROSS JOIN generate_series(0, $1::int - 1) AS s
 CROSS JOIN LATERAL (SELECT abs(hashint4(s * 100003 + sp)) % 100 AS h) AS x
-ORDER BY sp, s`, streams, perStream)
+ORDER BY sp, s`, streams, perStream, prefix)
 	// The dedup contract: within a stream, positions grow with
-	// stream_position. A seed that broke it would test nothing.
+	// stream_position. A bulk insert that broke it would test nothing.
 	if bad := r.queryInt(ctx, `SELECT count(*) FROM (
-		SELECT position < lag(position) OVER (PARTITION BY stream_id ORDER BY stream_position) AS bad FROM events) s
-		WHERE bad`); bad != 0 {
-		r.t.Fatalf("seed: %d events whose position is below their stream predecessor's", bad)
+		SELECT position < lag(position) OVER (PARTITION BY stream_id ORDER BY stream_position) AS bad
+		FROM events WHERE stream_id LIKE $1 || '%') s
+		WHERE bad`, prefix); bad != 0 {
+		r.t.Fatalf("bulk insert: %d events whose position is below their stream predecessor's", bad)
 	}
 }
 
@@ -674,7 +682,7 @@ func (r *rig) checkNotAhead(what string, a *appender) (covered int) {
 			r.t.Fatal(err)
 		}
 		if len(violations) > 0 {
-			r.t.Errorf("%s: %s slot confirmed past %d unapplied events, first: %s", what, p.name, len(violations), violations[0])
+			r.t.Fatalf("%s: %s slot confirmed past %d unapplied events, first: %s", what, p.name, len(violations), violations[0])
 		}
 		covered += n
 	}
