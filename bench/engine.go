@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"regexp"
+	"runtime/debug"
 	"runtime/pprof"
 	"strconv"
 	"sync"
@@ -61,8 +62,14 @@ func startBinary(bin, cfgPath, logPath string) (*engineProc, error) {
 	return p, nil
 }
 
+// binaryGOGC is the GC target the pgscribe binary sets for itself when GOGC
+// is not in its environment (main.go). The in-process run uses it too, or
+// its profile would show the garbage collector at twice the binary's rate.
+const binaryGOGC = 200
+
 // startInProcess runs engine.RunAll on cfgPath inside this process with the
-// CPU profiler on, writing profilePath until stopProfile (or exit).
+// CPU profiler on, writing profilePath until stopProfile (or exit). Like the
+// binary, it runs at GOGC=binaryGOGC unless GOGC is set.
 func startInProcess(cfgPath, logPath, profilePath string) (*engineProc, error) {
 	cfg, err := config.Load(cfgPath)
 	if err != nil {
@@ -77,6 +84,9 @@ func startInProcess(cfgPath, logPath, profilePath string) (*engineProc, error) {
 		lw.Close()
 		return nil, err
 	}
+	// The peak RSS of this run, not of the bench so far: writing 5 to
+	// clear_refs resets VmHWM to the current RSS (Linux 4.0 on).
+	_ = os.WriteFile("/proc/self/clear_refs", []byte("5"), 0)
 	if err := pprof.StartCPUProfile(prof); err != nil {
 		prof.Close()
 		lw.Close()
@@ -87,9 +97,15 @@ func startInProcess(cfgPath, logPath, profilePath string) (*engineProc, error) {
 	p := &engineProc{pid: os.Getpid(), inProcess: true, started: time.Now(), log: lw, done: make(chan struct{}),
 		signal: stop, kill: hardStop, profile: prof}
 	logger := slog.New(slog.NewTextHandler(lw, nil))
+	restoreGC := func() {}
+	if os.Getenv("GOGC") == "" {
+		old := debug.SetGCPercent(binaryGOGC)
+		restoreGC = func() { debug.SetGCPercent(old) }
+	}
 	go func() {
 		p.exitErr = engine.RunAll(ctx, cfg, engine.RunOptions{Version: "bench", Logger: logger, Hard: hard})
 		p.stopProfile()
+		restoreGC()
 		lw.Close()
 		stop()
 		hardStop()
@@ -154,7 +170,22 @@ type sample struct {
 	cpu   time.Duration // engine process CPU
 	pgCPU time.Duration // PostgreSQL's CPU (0 when not measurable)
 	pgOK  bool
-	hwm   int64 // engine peak RSS so far
+	hwm   int64         // engine peak RSS so far
+	busy  time.Duration // CPU of the whole machine (machineBusy)
+	bOK   bool
+}
+
+// otherCores is how many cores, on average between s0 and s1, processes
+// other than the engine and PostgreSQL kept busy: the machine's busy time
+// less theirs. The bench program is among them, except in-process where it
+// is the engine. Negative when not measurable.
+func otherCores(s0, s1 sample) float64 {
+	wall := s1.at.Sub(s0.at)
+	if !s0.bOK || !s1.bOK || !s0.pgOK || !s1.pgOK || wall <= 0 {
+		return -1
+	}
+	other := (s1.busy - s0.busy) - (s1.cpu - s0.cpu) - (s1.pgCPU - s0.pgCPU)
+	return max(other.Seconds()/wall.Seconds(), 0)
 }
 
 func (b *bench) sample(p *engineProc) sample {
@@ -162,6 +193,7 @@ func (b *bench) sample(p *engineProc) sample {
 	s.cpu, _ = processCPU(p.pid)
 	s.hwm, _ = peakRSS(p.pid)
 	s.pgCPU, s.pgOK = b.srv.cpu()
+	s.busy, s.bOK = machineBusy()
 	return s
 }
 

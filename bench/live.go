@@ -84,6 +84,7 @@ func (b *bench) live(ctx context.Context) error {
 			row.PGCPUPerEvent = us(s1.pgCPU-s0.pgCPU) / float64(sent)
 		}
 		row.PeakRSSMB = mb(s1.hwm)
+		row.OtherCores = otherCores(s0, s1)
 		if err := latency(ctx, db, pos0, pos1, &row); err != nil {
 			return err
 		}

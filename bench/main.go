@@ -43,6 +43,7 @@ type options struct {
 	pgSet, engineSet             map[string]string
 	out, rawDir, chartDir, goCmd string
 	chart                        bool
+	baseline                     string
 }
 
 var allWorkloads = []string{"W1", "W2", "W3", "W4", "W5"}
@@ -50,7 +51,8 @@ var allWorkloads = []string{"W1", "W2", "W3", "W4", "W5"}
 // presentationFlags may be set without making a run "quick": they do not
 // change what is measured.
 var presentationFlags = map[string]bool{"bin": true, "config": true, "schema": true, "rss-5m": true,
-	"profile": true, "statements": true, "go": true, "chart-dir": true, "chart": true, "raw": true, "out": true}
+	"profile": true, "statements": true, "go": true, "chart-dir": true, "chart": true, "raw": true, "out": true,
+	"baseline": true}
 
 func main() {
 	o, err := parseFlags(os.Args[1:])
@@ -95,6 +97,7 @@ func parseFlags(args []string) (options, error) {
 	fs.StringVar(&o.chartDir, "chart-dir", "bench/chart", "the chart generator's module")
 	fs.BoolVar(&o.chart, "chart", true, "draw results.png")
 	fs.StringVar(&o.goCmd, "go", "go", "go command (for the chart and `go tool pprof`)")
+	fs.StringVar(&o.baseline, "baseline", "", "results.json of an earlier run (a file, or a git object such as COMMIT:bench/results.json): RESULTS.md compares the headline figures")
 	if err := fs.Parse(args); err != nil {
 		return o, err
 	}
@@ -153,6 +156,7 @@ type bench struct {
 	srv  *server
 	tmpl *configTemplate
 	res  *Results
+	base *Results // with -baseline
 }
 
 func run(ctx context.Context, o options) error {
@@ -169,7 +173,15 @@ func run(ctx context.Context, o options) error {
 		return err
 	}
 	b := &bench{opts: o, tmpl: tmpl, res: newResults(o)}
+	if o.baseline != "" {
+		if b.base, err = loadBaseline(o.baseline); err != nil {
+			return err
+		}
+		b.res.Baseline = &Baseline{File: o.baseline, Commit: b.base.Commit, Date: b.base.Date,
+			LoadBefore: b.base.Machine.LoadBefore, LoadAfter: b.base.Machine.LoadAfter}
+	}
 	say("load average before the run: %s", b.res.Machine.LoadBefore)
+	loads := sampleLoad(ctx, 5*time.Second)
 	say("starting PostgreSQL through the test harness (mode %q, fsync on) …", o.pgMode)
 	pgSet := o.pgSet
 	if o.statements {
@@ -219,6 +231,7 @@ func run(ctx context.Context, o options) error {
 		}
 	}
 	b.res.Machine.LoadAfter = loadAverage()
+	b.res.Machine.LoadDuring = loads()
 	if err := b.write(); err != nil {
 		return err
 	}

@@ -19,8 +19,13 @@ func (r *Results) markdown() string {
 	p("- **Machine:** %d cores (%s), %.1f GiB memory, %s", m.Cores, m.CPU, m.MemoryGiB, m.Go)
 	p("- **PostgreSQL:** %s, %s mode (started by internal/pgtest on this machine), %s", m.Postgres, m.Mode, m.Settings)
 	p("- **Engine:** the real binary (`pgscribe run`) with %s; metrics listener off", m.Engine)
-	p("- **Load average:** %s before the run, %s after; each workload records its own below. "+
-		"The machine is shared (2 cores, other test suites running): absolute numbers are noisy.", m.LoadBefore, m.LoadAfter)
+	during := ""
+	if m.LoadDuring != "" {
+		during = "; during it, " + m.LoadDuring
+	}
+	p("- **Load average:** %s before the run, %s after%s; each workload records its own below. "+
+		"The machine is shared and the run itself keeps both cores busy (a 1-minute load of 2 or more is the "+
+		"bench's own): what else runs on it shows in events/s and latency.", m.LoadBefore, m.LoadAfter, during)
 	p("")
 	p("How to read the columns: *events/s* is wall clock from the engine process's start (startup and slot creation " +
 		"included) until every event is accounted for: for a backfill, when the engine logs `backfill complete` (read as " +
@@ -29,9 +34,12 @@ func (r *Results) markdown() string {
 		"*engine log* is the engine's own `backfill complete … events_per_second`. *CPU µs/event* is the engine " +
 		"process's user+system CPU (/proc/<pid>/stat) over that interval; *PG CPU µs/event* is the whole PostgreSQL " +
 		"server's (postmaster and all its processes). *peak RSS* is VmHWM. *engine ÷ this* is the engine's " +
-		"events/s divided by the row's.")
+		"events/s divided by the row's. *other cores* is what else ran meanwhile: the machine's busy CPU time " +
+		"(/proc/stat) less the engine's and PostgreSQL's, over the wall time (the bench program is in it, " +
+		"except in-process, where it is the engine).")
 	p("")
 	r.summary(p)
+	r.beforeAfter(p)
 	for _, w := range r.Workloads {
 		p("## %s — %s", w.ID, w.Title)
 		p("")
@@ -41,22 +49,22 @@ func (r *Results) markdown() string {
 		}
 		p("")
 		if len(w.Rows) > 0 {
-			p("| | events | events/s | seconds | engine log events/s | CPU µs/event | PG CPU µs/event | peak RSS MB | engine ÷ this |")
-			p("|---|--:|--:|--:|--:|--:|--:|--:|--:|")
+			p("| | events | events/s | seconds | engine log events/s | CPU µs/event | PG CPU µs/event | peak RSS MB | other cores | engine ÷ this |")
+			p("|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|")
 			for _, row := range w.Rows {
-				p("| %s | %s | %s | %.2f | %s | %s | %s | %s | %s |", rowLabel(row), thousands(row.Events),
+				p("| %s | %s | %s | %.2f | %s | %s | %s | %s | %s | %s |", rowLabel(row), thousands(row.Events),
 					thousands(int64(row.Rate)), row.Seconds, optInt(row.LogRate), optFloat(row.CPUPerEvent),
-					optFloat(row.PGCPUPerEvent), optFloat(row.PeakRSSMB), ratio(row))
+					optFloat(row.PGCPUPerEvent), optFloat(row.PeakRSSMB), optCores(row.OtherCores), ratio(row))
 			}
 			p("")
 		}
 		if len(w.Latency) > 0 {
-			p("| producer rate | achieved events/s | events | p50 ms | p99 ms | max ms | CPU µs/event | PG CPU µs/event | peak RSS MB | load |")
-			p("|--:|--:|--:|--:|--:|--:|--:|--:|--:|---|")
+			p("| producer rate | achieved events/s | events | p50 ms | p99 ms | max ms | CPU µs/event | PG CPU µs/event | peak RSS MB | other cores | load |")
+			p("|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|---|")
 			for _, l := range w.Latency {
-				p("| %s/s | %s | %s | %.1f | %.1f | %.1f | %.1f | %s | %.1f | %s |", thousands(int64(l.TargetRate)),
+				p("| %s/s | %s | %s | %.1f | %.1f | %.1f | %.1f | %s | %.1f | %s | %s |", thousands(int64(l.TargetRate)),
 					thousands(int64(l.Achieved)), thousands(l.Events), l.P50, l.P99, l.Max, l.CPUPerEvent,
-					optFloat(l.PGCPUPerEvent), l.PeakRSSMB, l.Load)
+					optFloat(l.PGCPUPerEvent), l.PeakRSSMB, optCores(l.OtherCores), l.Load)
 			}
 			p("")
 			p("Latency is commit to commit, read by PostgreSQL (`pg_xact_commit_timestamp` of the event's row and of its " +
@@ -245,6 +253,14 @@ func optFloat(v float64) string {
 		return "—"
 	}
 	return fmt.Sprintf("%.1f", v)
+}
+
+// optCores renders an other-cores figure; negative is not measured.
+func optCores(v float64) string {
+	if v < 0 {
+		return "—"
+	}
+	return fmt.Sprintf("%.2f", v)
 }
 
 func optInt(v float64) string {

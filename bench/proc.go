@@ -3,11 +3,14 @@ package main
 import (
 	"bufio"
 	"bytes"
+	"context"
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 )
 
@@ -94,6 +97,30 @@ func treeCPU(postmaster int) (time.Duration, error) {
 	return total, nil
 }
 
+// machineBusy returns the CPU time all of the machine's cores have spent
+// busy (user, nice, system, irq, softirq, steal; guest time is in user) since
+// boot, from the first line of /proc/stat.
+func machineBusy() (time.Duration, bool) {
+	b, err := os.ReadFile("/proc/stat")
+	if err != nil {
+		return 0, false
+	}
+	line, _, _ := strings.Cut(string(b), "\n")
+	f := strings.Fields(line)
+	if len(f) < 9 || f[0] != "cpu" {
+		return 0, false
+	}
+	var ticks int64
+	for _, k := range []int{1, 2, 3, 6, 7, 8} { // skip idle (4) and iowait (5)
+		v, err := strconv.ParseInt(f[k], 10, 64)
+		if err != nil {
+			return 0, false
+		}
+		ticks += v
+	}
+	return time.Duration(ticks) * clockTick, true
+}
+
 // loadAverage returns the first three fields of /proc/loadavg.
 func loadAverage() string {
 	b, err := os.ReadFile("/proc/loadavg")
@@ -134,4 +161,52 @@ func cpuModel() string {
 		}
 	}
 	return "unknown"
+}
+
+// sampleLoad reads the 1-minute load average every interval until ctx ends
+// or the returned function is called; that function describes the samples.
+func sampleLoad(ctx context.Context, every time.Duration) func() string {
+	var (
+		mu   sync.Mutex
+		vals []float64
+	)
+	read := func() {
+		b, err := os.ReadFile("/proc/loadavg")
+		if err != nil {
+			return
+		}
+		f := strings.Fields(string(b))
+		if len(f) == 0 {
+			return
+		}
+		if v, err := strconv.ParseFloat(f[0], 64); err == nil {
+			mu.Lock()
+			vals = append(vals, v)
+			mu.Unlock()
+		}
+	}
+	ctx, stop := context.WithCancel(ctx)
+	go func() {
+		t := time.NewTicker(every)
+		defer t.Stop()
+		for {
+			read()
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+			}
+		}
+	}()
+	return func() string {
+		stop()
+		mu.Lock()
+		defer mu.Unlock()
+		if len(vals) == 0 {
+			return ""
+		}
+		s := slices.Sorted(slices.Values(vals))
+		return fmt.Sprintf("1-minute load median %.2f, max %.2f (%d samples, every %s)",
+			s[len(s)/2], s[len(s)-1], len(s), every)
+	}
 }

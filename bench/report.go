@@ -23,6 +23,9 @@ type Results struct {
 	Workloads []*Workload `json:"workloads"`
 	Memory    []MemoryRow `json:"memory"`
 	Profiles  []Profile   `json:"profiles"`
+
+	Baseline    *Baseline `json:"baseline,omitempty"`     // with -baseline
+	BeforeAfter []Change  `json:"before_after,omitempty"` // against Baseline
 }
 
 // Machine describes where the run happened.
@@ -38,6 +41,7 @@ type Machine struct {
 	Go         string  `json:"go"`
 	LoadBefore string  `json:"load_before"`
 	LoadAfter  string  `json:"load_after"`
+	LoadDuring string  `json:"load_during,omitempty"` // the 1-minute load, sampled through the run
 }
 
 // Workload is one workload's figures.
@@ -77,6 +81,7 @@ type Row struct {
 	PeakRSSMB     float64 `json:"peak_rss_mb"`
 	EngineRatio   float64 `json:"engine_ratio"` // engine events/s ÷ this row's
 	InProcess     bool    `json:"in_process"`
+	OtherCores    float64 `json:"other_cores"` // engine rows: cores busy outside the engine and PostgreSQL; -1 not measured
 }
 
 // LatencyRow is one W4 load step.
@@ -91,6 +96,7 @@ type LatencyRow struct {
 	CPUPerEvent   float64 `json:"cpu_us_per_event"`
 	PGCPUPerEvent float64 `json:"pg_cpu_us_per_event"`
 	PeakRSSMB     float64 `json:"peak_rss_mb"`
+	OtherCores    float64 `json:"other_cores"`
 	Load          string  `json:"load"`
 }
 
@@ -203,6 +209,9 @@ func gitCommit() string {
 
 // write saves results.json and RESULTS.md in the output directory.
 func (b *bench) write() error {
+	if b.base != nil {
+		b.res.BeforeAfter = compare(b.base, b.res)
+	}
 	js, err := json.MarshalIndent(b.res, "", "  ")
 	if err != nil {
 		return err

@@ -77,6 +77,8 @@ type engineRun struct {
 	events     int64
 	targets    []target
 	at         sample                   // when the last target caught up
+	cpu        time.Duration            // engine CPU over the run
+	otherCores float64                  // cores other processes used over the run (otherCores)
 	reached    map[string]time.Duration // per projection, since the start
 	pgCPU      time.Duration            // PostgreSQL's CPU over the run
 	pgOK       bool
@@ -93,18 +95,24 @@ func (b *bench) measure(ctx context.Context, db *database, start func() (*engine
 		return engineRun{}, err
 	}
 	pg0, pgOK := b.srv.cpu()
+	busy0, busyOK := machineBusy()
 	p, err := start()
 	if err != nil {
 		return engineRun{}, err
 	}
+	// Where the run started: the engine's CPU so far is nil for a new
+	// process, the bench's own for an in-process run.
+	s0 := sample{at: p.started, pgCPU: pg0, pgOK: pgOK, busy: busy0, bOK: busyOK}
+	s0.cpu, _ = processCPU(p.pid)
 	at, reached, err := b.waitAccounted(ctx, db, p, targets, n, backfilling)
 	p.stopProfile()
 	if err != nil {
 		_ = p.stop()
 		return engineRun{}, err
 	}
-	r := engineRun{events: n, targets: targets, at: at, reached: reached, pgOK: pgOK && at.pgOK,
-		logs: map[string]backfillLog{}, inProc: p.inProcess, duration: at.at.Sub(p.started)}
+	r := engineRun{events: n, targets: targets, at: at, cpu: at.cpu - s0.cpu, otherCores: otherCores(s0, at),
+		reached: reached, pgOK: pgOK && at.pgOK, logs: map[string]backfillLog{}, inProc: p.inProcess,
+		duration: at.at.Sub(p.started)}
 	if r.pgOK {
 		r.pgCPU = at.pgCPU - pg0
 	}
@@ -125,8 +133,8 @@ func (b *bench) measure(ctx context.Context, db *database, start func() (*engine
 func (r engineRun) rows(label string) []Row {
 	k := int64(len(r.targets))
 	per := float64(r.events * k)
-	base := Row{Kind: "engine", Events: r.events, CPUPerEvent: us(r.at.cpu) / per, PGCPUPerEvent: -1,
-		PeakRSSMB: mb(r.at.hwm), InProcess: r.inProc}
+	base := Row{Kind: "engine", Events: r.events, CPUPerEvent: us(r.cpu) / per, PGCPUPerEvent: -1,
+		PeakRSSMB: mb(r.at.hwm), InProcess: r.inProc, OtherCores: r.otherCores}
 	if r.pgOK {
 		base.PGCPUPerEvent = us(r.pgCPU) / per
 	}
@@ -193,7 +201,7 @@ func (b *bench) references(ctx context.Context, w *Workload, db *database, model
 
 func refRow(kind, label, projection string, r refFigures, engineRate float64) Row {
 	row := Row{Kind: kind, Label: label, Projection: projection, Events: r.events, Seconds: r.elapsed.Seconds(),
-		Rate: r.rate(), CPUPerEvent: -1, PGCPUPerEvent: -1, PeakRSSMB: -1}
+		Rate: r.rate(), CPUPerEvent: -1, PGCPUPerEvent: -1, PeakRSSMB: -1, OtherCores: -1}
 	if r.pgOK {
 		row.PGCPUPerEvent = us(r.pgCPU) / float64(r.events)
 	}
