@@ -38,7 +38,7 @@ Usage:
       Validate the configuration and the rules, then the databases: tables,
       columns, inc types, unique indexes for upserts, privileges, wal_level,
       the publication and the engine schema. -offline skips the databases.
-  pgscribe status [-config FILE] [-json]
+  pgscribe status [-config FILE] [-json] [-watch [-interval 2s]]
       Per projection version: state, active node, watermark, lag, backlog,
       WAL retained by the slot, dead letters, backfill progress.
   pgscribe deadletters list [-config FILE] [-projection NAME] [-version N]
@@ -181,6 +181,8 @@ func run(args []string, stdout, stderr io.Writer) error {
 		return nil
 	case "status":
 		asJSON := fs.Bool("json", false, "print JSON")
+		watch := fs.Bool("watch", false, "redraw every -interval, with a progress bar per backfill, until Ctrl-C")
+		interval := fs.Duration("interval", 2*time.Second, "redraw interval of -watch")
 		if err := parse(fs, rest); err != nil {
 			return err
 		}
@@ -190,14 +192,34 @@ func run(args []string, stdout, stderr io.Writer) error {
 		}
 		ctx, stop := signalContext()
 		defer stop()
-		rep, err := engine.Status(ctx, cfg)
-		if err != nil {
-			return err
+		for {
+			rep, err := engine.Status(ctx, cfg)
+			if err != nil {
+				if *watch && ctx.Err() != nil {
+					return nil
+				}
+				return err
+			}
+			switch {
+			case *asJSON:
+				err = rep.WriteJSON(stdout)
+			case *watch:
+				fmt.Fprint(stdout, "\x1b[H\x1b[2J") // home and clear: redraw in place on a terminal
+				if err = rep.WriteText(stdout); err == nil {
+					err = rep.WriteProgress(stdout, 40)
+				}
+			default:
+				err = rep.WriteText(stdout)
+			}
+			if err != nil || !*watch {
+				return err
+			}
+			select {
+			case <-ctx.Done():
+				return nil
+			case <-time.After(*interval):
+			}
 		}
-		if *asJSON {
-			return rep.WriteJSON(stdout)
-		}
-		return rep.WriteText(stdout)
 	case "deadletters":
 		return deadLetters(fs, configPath, rest, stdout, stderr)
 	case "reset":

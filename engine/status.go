@@ -611,3 +611,26 @@ func formatBytes(b int64) string {
 	}
 	return fmt.Sprintf("%.1f %ciB", v, "KMGTPE"[i])
 }
+
+// WriteProgress draws one progress bar per backfilling projection version,
+// width characters wide, for `pgscribe status -watch`.
+func (r *StatusReport) WriteProgress(w io.Writer, width int) error {
+	for _, p := range r.Projections {
+		if p.Backfill == nil || p.State != StateBackfilling {
+			continue
+		}
+		if _, err := fmt.Fprintf(w, "%s v%d %s %s\n", p.Projection, p.Version,
+			progressBar(p.Backfill.Percent, width), formatBackfill(p.Backfill)); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// progressBar renders percent (0–100) as [#####-----] of width cells.
+func progressBar(percent float64, width int) string {
+	width = max(width, 1)
+	filled := int(percent / 100 * float64(width))
+	filled = min(max(filled, 0), width)
+	return "[" + strings.Repeat("#", filled) + strings.Repeat("-", width-filled) + "]"
+}
