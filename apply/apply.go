@@ -258,8 +258,7 @@ func (c *Committer) commit(ctx context.Context, batch []Input, circ *circuit, fi
 			if c.opts.MaxAttempts > 0 && attempt >= c.opts.MaxAttempts {
 				return Result{}, fmt.Errorf("batch failed after %d attempts: %w", attempt, err)
 			}
-			c.log.Warn("transient failure, retrying batch", "projection", c.opts.Projection,
-				"version", c.opts.Version, "attempt", attempt, "sqlstate", SQLState(err), "backoff", backoff, "err", err)
+			c.log.Warn("transient failure, retrying batch", "attempt", attempt, "sqlstate", SQLState(err), "backoff", backoff, "err", err)
 			if err := sleep(ctx, backoff); err != nil {
 				return Result{}, err
 			}

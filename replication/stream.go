@@ -72,8 +72,12 @@ func Stream(ctx context.Context, conn *pgconn.PgConn, src Source, sink Sink, o S
 	s := &streamer{conn: conn, src: src, sink: sink, o: o, relations: map[uint32]*relation{}}
 	s.schema, s.table = src.tableName()
 	err = s.run(ctx)
-	// Best effort: tell the server what is durable before leaving.
-	_ = s.sendStatus()
+	// Best effort: tell the server what is durable before leaving — but
+	// never on a connection pgconn is closing: after a read error it closes
+	// the socket from a goroutine of its own, and writing then races it.
+	if !conn.IsClosed() {
+		_ = s.sendStatus()
+	}
 	return err
 }
 
@@ -342,8 +346,8 @@ func (s *streamer) decode(rel *relation, tup *pglogrepl.TupleData) (*event.Event
 // stream stopped and the last in-flight batches committed, so a graceful
 // stop leaves the slot at exactly what is durable.
 func Confirm(ctx context.Context, conn *pgconn.PgConn, lsn event.LSN) error {
-	if lsn == 0 {
-		return nil
+	if lsn == 0 || conn.IsClosed() {
+		return nil // a closed connection: its slot keeps what was confirmed before
 	}
 	err := pglogrepl.SendStandbyStatusUpdate(ctx, conn, pglogrepl.StandbyStatusUpdate{
 		WALWritePosition: pglogrepl.LSN(lsn),
