@@ -396,13 +396,10 @@ func (c *Committer) attempt(ctx context.Context, evals []planned, isolate, final
 		if applied == 0 && failed > 0 && !final && !c.opts.HaltOnError {
 			return Result{}, errSuspect
 		}
-	} else {
-		if err := c.applyPipelined(ctx, tx, plan); err != nil {
-			return Result{}, err
-		}
-		circLocal = circuit{}
 	}
 
+	// Outcomes are final here: isolation has run, and a pipelined write
+	// failure fails the whole attempt.
 	var dead []deadletter.Row
 	var kinds []string
 	for i := range plan {
@@ -428,19 +425,34 @@ func (c *Committer) attempt(ctx context.Context, evals []planned, isolate, final
 		return Result{}, &HaltError{Reason: fmt.Sprintf("on_error = halt: event %s (stream %s position %d) would be dead-lettered as %s: %s",
 			dead[0].EventID, dead[0].StreamID, dead[0].StreamPosition, dead[0].ErrorKind, dead[0].ErrorMessage)}
 	}
-	if len(dead) > 0 {
-		if err := deadletter.Insert(ctx, tx, c.opts.Schema, dead); err != nil {
-			return Result{}, fmt.Errorf("insert dead letters: %w", err)
-		}
+	advances := make([]cursor.Advance, 0, len(order))
+	for _, id := range order {
+		advances = append(advances, *adv[id])
 	}
-	if len(order) > 0 {
-		advances := make([]cursor.Advance, 0, len(order))
-		for _, id := range order {
-			advances = append(advances, *adv[id])
+	// The bookkeeping of the batch: its dead letters and cursor advances.
+	// In the pipelined path it rides in the same round trip as the writes.
+	book := func(q bookQuerier) error {
+		if len(dead) > 0 {
+			if err := deadletter.Insert(ctx, q, c.opts.Schema, dead); err != nil {
+				return fmt.Errorf("insert dead letters: %w", err)
+			}
 		}
-		if err := c.cursors.Advance(ctx, tx, advances); err != nil {
-			return Result{}, fmt.Errorf("advance cursors: %w", err)
+		if len(advances) > 0 {
+			if err := c.cursors.Advance(ctx, q, advances); err != nil {
+				return fmt.Errorf("advance cursors: %w", err)
+			}
 		}
+		return nil
+	}
+	if isolate {
+		if err := book(tx); err != nil {
+			return Result{}, err
+		}
+	} else {
+		if err := c.applyPipelined(ctx, tx, plan, book); err != nil {
+			return Result{}, err
+		}
+		circLocal = circuit{}
 	}
 	if err := tx.Commit(ctx); err != nil {
 		return Result{}, fmt.Errorf("commit: %w", err)
@@ -459,7 +471,7 @@ func (c *Committer) attempt(ctx context.Context, evals []planned, isolate, final
 // applyPipelined sends the whole batch's writes in one pipelined round
 // trip: folded and grouped into multi-row statements where that is exact
 // (see planGroups), else one statement per intent in order.
-func (c *Committer) applyPipelined(ctx context.Context, tx pgx.Tx, plan []planned) error {
+func (c *Committer) applyPipelined(ctx context.Context, tx pgx.Tx, plan []planned, book func(bookQuerier) error) error {
 	var intents []*event.Intent
 	for i := range plan {
 		if plan[i].out != outApply {
@@ -468,9 +480,6 @@ func (c *Committer) applyPipelined(ctx context.Context, tx pgx.Tx, plan []planne
 		for j := range plan[i].intents {
 			intents = append(intents, &plan[i].intents[j])
 		}
-	}
-	if len(intents) == 0 {
-		return nil
 	}
 	b := &pgx.Batch{}
 	var tables []string // per queued statement, for error reports
@@ -491,6 +500,14 @@ func (c *Committer) applyPipelined(ctx context.Context, tx pgx.Tx, plan []planne
 			tables = append(tables, in.Table)
 		}
 	}
+	// Dead letters and cursor advances follow the writes in the same
+	// pipeline: one round trip for the whole batch.
+	if err := book(&queuer{b: b, tables: &tables, table: c.opts.Schema + " engine tables"}); err != nil {
+		return err
+	}
+	if b.Len() == 0 {
+		return nil
+	}
 	br := tx.SendBatch(ctx, b)
 	for i := 0; i < b.Len(); i++ {
 		if _, err := br.Exec(); err != nil {
@@ -500,6 +517,37 @@ func (c *Committer) applyPipelined(ctx context.Context, tx pgx.Tx, plan []planne
 	}
 	return br.Close()
 }
+
+// bookQuerier is what the dead-letter and cursor stores need: a
+// transaction, or a queuer that adds their statements to the batch.
+type bookQuerier interface {
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}
+
+// queuer queues Exec statements into a pgx.Batch instead of running them;
+// the batch's results report their errors. It supports no reads.
+type queuer struct {
+	b      *pgx.Batch
+	tables *[]string
+	table  string
+}
+
+func (q *queuer) Exec(_ context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
+	q.b.Queue(sql, args...)
+	*q.tables = append(*q.tables, q.table)
+	return pgconn.CommandTag{}, nil
+}
+
+var errQueuerRead = errors.New("apply: a queued batch statement cannot read")
+
+func (q *queuer) Query(context.Context, string, ...any) (pgx.Rows, error) { return nil, errQueuerRead }
+func (q *queuer) QueryRow(context.Context, string, ...any) pgx.Row        { return errRow{} }
+
+type errRow struct{}
+
+func (errRow) Scan(...any) error { return errQueuerRead }
 
 // queueGroup queues one multi-row statement.
 func (c *Committer) queueGroup(ctx context.Context, tx pgx.Tx, b *pgx.Batch, g *group) error {
