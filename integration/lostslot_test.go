@@ -1,0 +1,75 @@
+package integration
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+)
+
+// TestFaultInvalidatedSlot: a slot PostgreSQL invalidated because it
+// retained more WAL than max_slot_wal_keep_size (wal_status = 'lost') while
+// the engine was stopped, with events appended meanwhile, is resynced: the
+// engine logs it, drops and recreates the slot with a new snapshot, re-reads
+// the table, and the per-stream cursors skip what was applied — exact, no
+// dead letters, no double apply, never a silent restart from zero.
+//
+// It changes a server-wide setting, so it is not parallel: Go runs it before
+// any parallel test resumes, and it restores the setting before returning.
+func TestFaultInvalidatedSlot(t *testing.T) {
+	if testing.Short() {
+		t.Skip("integration test")
+	}
+	if !srv.CanRestart() {
+		t.Skip("changes a server-wide setting: only on a server the harness started")
+	}
+	proj := faultProjection{name: "lost", types: []string{"Tick"}}
+	e, p := startFault(t, 5, "", rounds("l", 8, 10, "Tick", nil), proj)
+	p.stop(t)
+	slot := e.slot(proj.name)
+
+	e.exec(t, `ALTER SYSTEM SET max_slot_wal_keep_size = '1MB'`)
+	e.exec(t, `SELECT pg_reload_conf()`)
+	t.Cleanup(func() {
+		if _, err := e.pool.Exec(context.Background(), `ALTER SYSTEM RESET max_slot_wal_keep_size`); err != nil {
+			t.Errorf("reset max_slot_wal_keep_size: %v", err)
+		}
+		if _, err := e.pool.Exec(context.Background(), `SELECT pg_reload_conf()`); err != nil {
+			t.Errorf("reload: %v", err)
+		}
+	})
+
+	// Events the engine has not seen, then enough WAL and a checkpoint for
+	// PostgreSQL to invalidate the idle slot.
+	e.appendEvents(t, rounds("l", 8, 5, "Tick", nil)...)
+	deadline := time.Now().Add(waitLong)
+	for e.scalarText(t, `SELECT coalesce(wal_status, '') FROM pg_replication_slots WHERE slot_name = $1`, slot) != "lost" {
+		if time.Now().After(deadline) {
+			t.Fatalf("slot %s was never invalidated", slot)
+		}
+		e.exec(t, `SELECT pg_logical_emit_message(false, 'pgscribe-test', repeat('x', 1000000))`)
+		e.exec(t, `SELECT pg_switch_wal()`)
+		e.exec(t, `CHECKPOINT`)
+	}
+
+	p = e.start(t)
+	p.waitLog(t, waitLong, "the resync", logMsg("slot was invalidated", proj.name))
+	if rec := p.waitLog(t, waitLong, "the backfill", logMsg("backfill started", proj.name)); logString(rec, "events") != fmt.Sprint(e.events(t)) {
+		t.Errorf("the resync re-read %s events, want the whole table (%d): %v", logString(rec, "events"), e.events(t), rec)
+	}
+	e.verifyClean(t, p, proj)
+	if got := e.scalarText(t, `SELECT coalesce(wal_status, '') FROM pg_replication_slots WHERE slot_name = $1`, slot); got == "lost" || got == "" {
+		t.Errorf("slot %s after the resync: wal_status %q, want a live slot", slot, got)
+	}
+	p.stop(t)
+}
+
+// scalarText runs a one-value text query.
+func (e *faultEnv) scalarText(t *testing.T, sql string, args ...any) string {
+	t.Helper()
+	var s string
+	if err := e.pool.QueryRow(context.Background(), sql, args...).Scan(&s); err != nil {
+		t.Fatalf("%s: %v", sql, err)
+	}
+	return s
+}
