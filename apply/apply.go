@@ -28,7 +28,14 @@ type Evaluator interface {
 // projection. It must lock what a takeover changes (the lease row) so that a
 // takeover waits for an in-flight batch and a batch after a takeover fails.
 type Fence interface {
-	Check(ctx context.Context, tx pgx.Tx) error
+	// CheckStatement is the check: a statement that locks the lease row
+	// for share and fails unless the lease is still ours, so that a failed
+	// check stops everything pipelined behind it, the COMMIT included.
+	// The batch transaction sends it right after its BEGIN.
+	CheckStatement() (sql string, args []any)
+	// CheckFailed explains a failure of the check statement: an error
+	// wrapping ErrFenced when the lease changed or is gone.
+	CheckFailed(err error) error
 }
 
 // Observer receives what a batch did; the engine wires it to metrics.
@@ -163,12 +170,10 @@ type circuit struct {
 	count int
 }
 
-// Commit applies one partition batch. Transient failures roll back and
-// retry with backoff; integrity failures isolate the offending events into
-// dead letters; structural failures return a *HaltError. The batch's events
-// must be in commit order per stream.
-func (c *Committer) Commit(ctx context.Context, batch []Input, circ *circuit) (Result, error) {
-	return c.commit(ctx, batch, circ, true)
+// partition is what one partition worker carries from batch to batch.
+type partition struct {
+	circ    circuit
+	cursors cursorCache
 }
 
 // errSuspect: an isolated attempt applied none of the batch's events, and
@@ -183,7 +188,7 @@ var errSuspect = errors.New("no event of the batch applied: waiting for more eve
 // commit is Commit. Unless final, it returns errSuspect instead of
 // committing a batch in which nothing applied and integrity failures would
 // be dead-lettered.
-func (c *Committer) commit(ctx context.Context, batch []Input, circ *circuit, final bool) (Result, error) {
+func (c *Committer) commit(ctx context.Context, batch []Input, part *partition, final bool) (Result, error) {
 	start := time.Now()
 	evals := make([]planned, len(batch))
 	for i, in := range batch {
@@ -222,7 +227,7 @@ func (c *Committer) commit(ctx context.Context, batch []Input, circ *circuit, fi
 	isolate := false
 	backoff := c.opts.Backoff
 	for attempt := 1; ; attempt++ {
-		res, err := c.attempt(ctx, evals, isolate, final, circ)
+		res, err := c.attempt(ctx, evals, isolate, final, part)
 		if errors.Is(err, errSuspect) {
 			return Result{}, err
 		}
@@ -321,44 +326,80 @@ func (e decodeError) Message() string { return e.err.Error() }
 // took over this projection. Nothing of the batch was committed.
 var ErrFenced = errors.New("fenced: lease epoch changed, another node owns this projection")
 
-// attempt runs one transaction for the batch. On error the transaction is
-// rolled back (with a context that survives cancellation).
-func (c *Committer) attempt(ctx context.Context, evals []planned, isolate, final bool, circ *circuit) (res Result, err error) {
+// attempt runs one transaction for the batch. In the common case (no
+// event to isolate, every stream's cursor in the partition's cache) that is
+// one round trip: BEGIN, the fence check, the writes, dead letters, cursor
+// advances and COMMIT pipelined together. Cursors to read take a first
+// round trip (BEGIN, fence check, reads) before the rest. On error the
+// transaction is rolled back and the partition's cursor cache dropped (a
+// COMMIT whose answer was lost may have committed).
+func (c *Committer) attempt(ctx context.Context, evals []planned, isolate, final bool, part *partition) (res Result, err error) {
 	conn, err := c.pool.Acquire(ctx)
 	if err != nil {
 		return Result{}, fmt.Errorf("acquire connection: %w", err)
 	}
 	defer conn.Release()
-	tx, err := conn.Begin(ctx)
-	if err != nil {
-		return Result{}, fmt.Errorf("begin: %w", err)
-	}
 	defer func() {
 		if err != nil {
-			_ = tx.Rollback(context.WithoutCancel(ctx))
+			part.cursors.clear()
+			// The pool discards a connection left in a transaction, so a
+			// rollback that fails or times out loses nothing.
+			rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), rollbackTimeout)
+			_, _ = conn.Exec(rctx, "rollback")
+			cancel()
 		}
 	}()
-	if err := c.fence.Check(ctx, tx); err != nil {
-		return Result{}, err
-	}
 
-	// Dedup against the per-stream cursors read inside this transaction.
-	streams := make([]string, 0, len(evals))
-	seen := make(map[string]struct{}, len(evals))
+	// Dedup against the per-stream cursors: the partition's cache of what
+	// its own commits wrote (valid while the fence check passes: no other
+	// node wrote since this one took the lease), and for the other streams
+	// the cursors read in this transaction, after the fence check.
+	curs := make(map[string]cursor.Cursor, len(evals))
+	var misses []string
+	missed := make(map[string]struct{})
 	for i := range evals {
 		id := evals[i].ev.StreamID
-		if _, ok := seen[id]; !ok {
-			seen[id] = struct{}{}
-			streams = append(streams, id)
+		if _, ok := curs[id]; ok {
+			continue
 		}
+		if _, ok := missed[id]; ok {
+			continue
+		}
+		if cur, ok := part.cursors.get(id); ok {
+			curs[id] = cur
+			continue
+		}
+		missed[id] = struct{}{}
+		misses = append(misses, id)
 	}
-	curs, err := c.cursors.Load(ctx, tx, streams)
-	if err != nil {
-		return Result{}, fmt.Errorf("load cursors: %w", err)
+	pl := &pipeline{}
+	pl.exec("begin", "")
+	sql, args := c.fence.CheckStatement()
+	pl.add(sql, args, func(br pgx.BatchResults) error {
+		if _, err := br.Exec(); err != nil {
+			return c.fence.CheckFailed(err)
+		}
+		return nil
+	})
+	if isolate || len(misses) > 0 {
+		if len(misses) > 0 {
+			sql, args := c.cursors.LoadStatement(misses)
+			pl.add(sql, args, func(br pgx.BatchResults) error {
+				rows, err := br.Query()
+				if err != nil {
+					return fmt.Errorf("load cursors: %w", err)
+				}
+				return cursor.ScanInto(rows, curs)
+			})
+		}
+		if err := pl.send(ctx, conn); err != nil {
+			return Result{}, err
+		}
+		pl = &pipeline{}
 	}
 	gaps := 0 // reported only once this attempt commits
-	adv := make(map[string]*cursor.Advance, len(streams))
-	order := make([]string, 0, len(streams))
+	adv := make(map[string]*cursor.Advance, len(curs))
+	order := make([]string, 0, len(curs))
 	// Work on a copy of the outcomes: a failed attempt must not leak
 	// isolation decisions into the next one.
 	plan := make([]planned, len(evals))
@@ -387,9 +428,9 @@ func (c *Committer) attempt(ctx context.Context, evals []planned, isolate, final
 
 	// The circuit is updated on a copy and kept only if this attempt commits,
 	// so a retried attempt does not count the same failures twice.
-	circLocal := *circ
+	circLocal := part.circ
 	if isolate {
-		applied, failed, err := c.applyIsolated(ctx, tx, plan, &circLocal)
+		applied, failed, err := c.applyIsolated(ctx, conn, plan, &circLocal)
 		if err != nil {
 			return Result{}, err
 		}
@@ -445,19 +486,21 @@ func (c *Committer) attempt(ctx context.Context, evals []planned, isolate, final
 		return nil
 	}
 	if isolate {
-		if err := book(tx); err != nil {
+		if err := book(conn); err != nil {
+			return Result{}, err
+		}
+		tag, err := conn.Exec(ctx, "commit")
+		if err := committed(tag, err); err != nil {
 			return Result{}, err
 		}
 	} else {
-		if err := c.applyPipelined(ctx, tx, plan, book); err != nil {
+		if err := c.applyPipelined(ctx, conn, pl, plan, book); err != nil {
 			return Result{}, err
 		}
 		circLocal = circuit{}
 	}
-	if err := tx.Commit(ctx); err != nil {
-		return Result{}, fmt.Errorf("commit: %w", err)
-	}
-	*circ = circLocal
+	part.circ = circLocal
+	part.cursors.put(curs)
 	for range gaps {
 		c.obs.Gap()
 	}
@@ -468,10 +511,37 @@ func (c *Committer) attempt(ctx context.Context, evals []planned, isolate, final
 	return res, nil
 }
 
-// applyPipelined sends the whole batch's writes in one pipelined round
-// trip: folded and grouped into multi-row statements where that is exact
-// (see planGroups), else one statement per intent in order.
-func (c *Committer) applyPipelined(ctx context.Context, tx pgx.Tx, plan []planned, book func(bookQuerier) error) error {
+// rollbackTimeout bounds the ROLLBACK of a failed batch transaction.
+const rollbackTimeout = 5 * time.Second
+
+// errCommitRolledBack: COMMIT answered ROLLBACK (the transaction had
+// failed). Not expected, since a failed statement stops the batch first.
+var errCommitRolledBack = errors.New("commit: the transaction was rolled back")
+
+// committed checks the result of a COMMIT.
+func committed(tag pgconn.CommandTag, err error) error {
+	if err != nil {
+		return fmt.Errorf("commit: %w", err)
+	}
+	if tag.String() != "COMMIT" {
+		return errCommitRolledBack
+	}
+	return nil
+}
+
+// dbtx is the batch transaction: a pooled connection inside the
+// transaction block that the first round trip began.
+type dbtx interface {
+	bookQuerier
+	SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults
+}
+
+// applyPipelined adds the batch's writes, its bookkeeping and COMMIT to pl
+// and sends it: one round trip. The writes are folded and grouped into
+// multi-row statements where that is exact (see planGroups), else one
+// statement per intent in order. A failing statement makes PostgreSQL skip
+// the rest of the pipeline, the COMMIT included.
+func (c *Committer) applyPipelined(ctx context.Context, tx dbtx, pl *pipeline, plan []planned, book func(bookQuerier) error) error {
 	var intents []*event.Intent
 	for i := range plan {
 		if plan[i].out != outApply {
@@ -481,38 +551,60 @@ func (c *Committer) applyPipelined(ctx context.Context, tx pgx.Tx, plan []planne
 			intents = append(intents, &plan[i].intents[j])
 		}
 	}
-	b := &pgx.Batch{}
-	var tables []string // per queued statement, for error reports
 	if layers, ok := planGroups(intents); ok {
 		for _, layer := range layers {
 			for _, g := range layer {
-				if err := c.queueGroup(ctx, tx, b, g); err != nil {
+				if err := c.queueGroup(ctx, tx, pl, g); err != nil {
 					return err
 				}
-				tables = append(tables, g.shape.table)
 			}
 		}
 	} else {
 		for _, in := range intents {
-			if err := c.queueIntent(ctx, tx, b, in); err != nil {
+			if err := c.queueIntent(ctx, tx, pl, in); err != nil {
 				return err
 			}
-			tables = append(tables, in.Table)
 		}
 	}
-	// Dead letters and cursor advances follow the writes in the same
-	// pipeline: one round trip for the whole batch.
-	if err := book(&queuer{b: b, tables: &tables, table: c.opts.Schema + " engine tables"}); err != nil {
+	if err := book(&queuer{pl: pl, table: c.opts.Schema + " engine tables"}); err != nil {
 		return err
 	}
-	if b.Len() == 0 {
-		return nil
-	}
-	br := tx.SendBatch(ctx, b)
-	for i := 0; i < b.Len(); i++ {
-		if _, err := br.Exec(); err != nil {
+	pl.add("commit", nil, func(br pgx.BatchResults) error {
+		return committed(br.Exec())
+	})
+	return pl.send(ctx, tx)
+}
+
+// pipeline is statements sent in one round trip, each with how its result
+// is read; reading stops at the first failure.
+type pipeline struct {
+	b     pgx.Batch
+	reads []func(pgx.BatchResults) error
+}
+
+func (p *pipeline) add(sql string, args []any, read func(pgx.BatchResults) error) {
+	p.b.Queue(sql, args...)
+	p.reads = append(p.reads, read)
+}
+
+// exec adds a statement whose failure is reported as a write to table
+// (none when empty).
+func (p *pipeline) exec(sql, table string, args ...any) {
+	p.add(sql, args, func(br pgx.BatchResults) error {
+		_, err := br.Exec()
+		if err != nil && table != "" {
+			return &statementError{table: table, err: err}
+		}
+		return err
+	})
+}
+
+func (p *pipeline) send(ctx context.Context, tx dbtx) error {
+	br := tx.SendBatch(ctx, &p.b)
+	for _, read := range p.reads {
+		if err := read(br); err != nil {
 			_ = br.Close()
-			return &statementError{table: tables[i], err: err}
+			return err
 		}
 	}
 	return br.Close()
@@ -526,17 +618,15 @@ type bookQuerier interface {
 	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
 }
 
-// queuer queues Exec statements into a pgx.Batch instead of running them;
-// the batch's results report their errors. It supports no reads.
+// queuer adds Exec statements to a pipeline instead of running them; the
+// pipeline's results report their errors. It supports no reads.
 type queuer struct {
-	b      *pgx.Batch
-	tables *[]string
-	table  string
+	pl    *pipeline
+	table string
 }
 
 func (q *queuer) Exec(_ context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
-	q.b.Queue(sql, args...)
-	*q.tables = append(*q.tables, q.table)
+	q.pl.exec(sql, q.table, args...)
 	return pgconn.CommandTag{}, nil
 }
 
@@ -550,7 +640,7 @@ type errRow struct{}
 func (errRow) Scan(...any) error { return errQueuerRead }
 
 // queueGroup queues one multi-row statement.
-func (c *Committer) queueGroup(ctx context.Context, tx pgx.Tx, b *pgx.Batch, g *group) error {
+func (c *Committer) queueGroup(ctx context.Context, tx dbtx, pl *pipeline, g *group) error {
 	types, err := c.cat.types(ctx, tx, g.shape.table)
 	if err != nil {
 		return &statementError{table: g.shape.table, err: err}
@@ -559,33 +649,33 @@ func (c *Committer) queueGroup(ctx context.Context, tx pgx.Tx, b *pgx.Batch, g *
 	if err != nil {
 		return &HaltError{Reason: "render intent of rule " + g.first.Rule, Err: err}
 	}
-	b.Queue(sql, args...)
+	pl.exec(sql, g.shape.table, args...)
 	return nil
 }
 
 // queueIntent queues one intent as its own statement.
-func (c *Committer) queueIntent(ctx context.Context, tx pgx.Tx, b *pgx.Batch, in *event.Intent) error {
+func (c *Committer) queueIntent(ctx context.Context, tx dbtx, pl *pipeline, in *event.Intent) error {
 	if in.Op == event.OpSQL {
-		b.Queue(in.SQL, in.Args...)
+		pl.exec(in.SQL, in.Table, in.Args...)
 		return nil
 	}
-	return c.queueGroup(ctx, tx, b, &group{shape: shapeOf(in), first: in, rows: []*event.Intent{in}})
+	return c.queueGroup(ctx, tx, pl, &group{shape: shapeOf(in), first: in, rows: []*event.Intent{in}})
 }
 
 // execIntent runs one intent now (the isolation path).
-func (c *Committer) execIntent(ctx context.Context, tx pgx.Tx, in *event.Intent) error {
-	b := &pgx.Batch{}
-	if err := c.queueIntent(ctx, tx, b, in); err != nil {
+func (c *Committer) execIntent(ctx context.Context, tx dbtx, in *event.Intent) error {
+	pl := &pipeline{}
+	if err := c.queueIntent(ctx, tx, pl, in); err != nil {
 		return err
 	}
-	return tx.SendBatch(ctx, b).Close()
+	return pl.send(ctx, tx)
 }
 
 // applyIsolated applies event by event, each under a savepoint, and turns
 // an integrity failure into a dead letter for exactly that event. Events of
 // the same stream after it still apply, in order. It returns how many
 // events applied and how many failed an integrity check.
-func (c *Committer) applyIsolated(ctx context.Context, tx pgx.Tx, plan []planned, circ *circuit) (applied, failedN int, err error) {
+func (c *Committer) applyIsolated(ctx context.Context, tx dbtx, plan []planned, circ *circuit) (applied, failedN int, err error) {
 	for i := range plan {
 		p := &plan[i]
 		if p.out != outApply {
@@ -601,7 +691,7 @@ func (c *Committer) applyIsolated(ctx context.Context, tx pgx.Tx, plan []planned
 				if errors.As(err, &halt) {
 					return applied, failedN, err
 				}
-				failed = fmt.Errorf("rule %s: %w", p.intents[j].Rule, &statementError{table: p.intents[j].Table, err: err})
+				failed = fmt.Errorf("rule %s: %w", p.intents[j].Rule, err)
 				break
 			}
 		}

@@ -138,7 +138,7 @@ func (p *Partitions) grow(ctx context.Context, stop <-chan struct{}, q chan Inpu
 
 func (p *Partitions) work(ctx context.Context, i int, stop <-chan struct{}) error {
 	q := p.queues[i]
-	var circ circuit
+	var part partition
 	batch := make([]Input, 0, 64)
 	for {
 		batch = batch[:0]
@@ -170,7 +170,7 @@ func (p *Partitions) work(ctx context.Context, i int, stop <-chan struct{}) erro
 		}
 		// A graceful stop (stop closed) lets this commit run to completion;
 		// only cancelling ctx (a hard stop) aborts it, and then it rolls back.
-		res, err := p.committer.commit(ctx, batch, &circ, false)
+		res, err := p.committer.commit(ctx, batch, &part, false)
 		for errors.Is(err, errSuspect) {
 			// Nothing in the batch applied. Before dead-lettering, look at
 			// the events queued behind it: one that applies proves poison,
@@ -181,7 +181,7 @@ func (p *Partitions) work(ctx context.Context, i int, stop <-chan struct{}) erro
 			if stopped {
 				return nil // nothing acknowledged: replayed after the restart
 			}
-			res, err = p.committer.commit(ctx, batch, &circ, !more)
+			res, err = p.committer.commit(ctx, batch, &part, !more)
 		}
 		if err != nil {
 			if ctx.Err() != nil {

@@ -173,19 +173,37 @@ func (s *Store) Load(ctx context.Context, q Querier, streams []string) (map[stri
 	if err != nil {
 		return nil, fmt.Errorf("load cursors: %w", err)
 	}
+	if err := ScanInto(rows, out); err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+// Statements are the statements a batch transaction runs (the cursor
+// load and advance), for a caller that prepares them on each connection.
+func (s *Store) Statements() []string { return []string{s.loadSQL, s.advanceSQL} }
+
+// LoadStatement is Load as a statement and its arguments, for a caller
+// that pipelines it; read its rows with ScanInto.
+func (s *Store) LoadStatement(streams []string) (string, []any) {
+	return s.loadSQL, []any{s.projection, s.version, streams}
+}
+
+// ScanInto reads the rows of the load statement into a map and closes them.
+func ScanInto(rows pgx.Rows, into map[string]Cursor) error {
 	defer rows.Close()
 	for rows.Next() {
 		var id string
 		var c Cursor
 		if err := rows.Scan(&id, &c.StreamPosition, &c.Position); err != nil {
-			return nil, fmt.Errorf("load cursors: %w", err)
+			return fmt.Errorf("load cursors: %w", err)
 		}
-		out[id] = c
+		into[id] = c
 	}
 	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("load cursors: %w", err)
+		return fmt.Errorf("load cursors: %w", err)
 	}
-	return out, nil
+	return nil
 }
 
 // Advance writes a batch's cursor advances in one statement: each stream's

@@ -108,16 +108,7 @@ func Insert(ctx context.Context, q Querier, schema string, rows []Row) error {
 	}
 	// WITH ORDINALITY and ORDER BY make ids follow the order of rows, so List
 	// returns a batch's dead letters in the order they happened.
-	sql := "INSERT INTO " + pgx.Identifier{schema, "dead_letters"}.Sanitize() + ` (projection, version, position,
-  event_id, stream_id, stream_position, event_type, error_kind, error_message,
-  event_data, event_metadata, occurred_at)
-SELECT u.projection, u.version, u.position, u.event_id, u.stream_id, u.stream_position, u.event_type,
-  u.error_kind, u.error_message, u.event_data::jsonb, u.event_metadata::jsonb, u.occurred_at
-FROM unnest($1::text[], $2::bigint[], $3::bigint[], $4::text[], $5::text[], $6::bigint[], $7::text[],
-  $8::text[], $9::text[], $10::text[], $11::text[], $12::timestamptz[]) WITH ORDINALITY
-  AS u (projection, version, position, event_id, stream_id, stream_position, event_type,
-        error_kind, error_message, event_data, event_metadata, occurred_at, ord)
-ORDER BY u.ord`
+	sql := InsertSQL(schema)
 	if _, err := q.Exec(ctx, sql, proj, version, pos, eventID, streamID, spos, typ, kind, msg, data, meta, occurred); err != nil {
 		return fmt.Errorf("insert dead letters: %w", err)
 	}
@@ -292,4 +283,18 @@ ORDER BY 1, 2, CASE WHEN GROUPING(error_kind) = 0 THEN count(*) END DESC, 3, 4, 
 		return Stats{}, fmt.Errorf("dead letter stats: %w", err)
 	}
 	return st, nil
+}
+
+// InsertSQL is the statement Insert runs, for a caller that prepares it.
+func InsertSQL(schema string) string {
+	return "INSERT INTO " + pgx.Identifier{schema, "dead_letters"}.Sanitize() + ` (projection, version, position,
+  event_id, stream_id, stream_position, event_type, error_kind, error_message,
+  event_data, event_metadata, occurred_at)
+SELECT u.projection, u.version, u.position, u.event_id, u.stream_id, u.stream_position, u.event_type,
+  u.error_kind, u.error_message, u.event_data::jsonb, u.event_metadata::jsonb, u.occurred_at
+FROM unnest($1::text[], $2::bigint[], $3::bigint[], $4::text[], $5::text[], $6::bigint[], $7::text[],
+  $8::text[], $9::text[], $10::text[], $11::text[], $12::timestamptz[]) WITH ORDINALITY
+  AS u (projection, version, position, event_id, stream_id, stream_position, event_type,
+        error_kind, error_message, event_data, event_metadata, occurred_at, ord)
+ORDER BY u.ord`
 }

@@ -22,6 +22,7 @@ import (
 	"github.com/pgscribe/pgscribe/apply"
 	"github.com/pgscribe/pgscribe/config"
 	"github.com/pgscribe/pgscribe/cursor"
+	"github.com/pgscribe/pgscribe/deadletter"
 	"github.com/pgscribe/pgscribe/event"
 	"github.com/pgscribe/pgscribe/lag"
 	"github.com/pgscribe/pgscribe/leader"
@@ -283,6 +284,20 @@ func (p *Projection) session(ctx context.Context, lease *leader.Lease) error {
 	// past its lease: the server ends such a transaction, so a takeover's
 	// epoch bump is never blocked for longer than lease_timeout.
 	poolCfg.ConnConfig.RuntimeParams["idle_in_transaction_session_timeout"] = fmt.Sprint(cfg.Engine.LeaseTimeout.Milliseconds())
+	store := cursor.New(cfg.Engine.Schema, p.spec.Name, p.spec.Version)
+	// The engine's own statements of every batch are prepared when a
+	// connection opens, so that no batch waits for a round trip that
+	// prepares them (pgx prepares a statement before its first pipeline).
+	fenceSQL, _ := lease.CheckStatement()
+	prepared := append([]string{"begin", "commit", fenceSQL, deadletter.InsertSQL(cfg.Engine.Schema)}, store.Statements()...)
+	poolCfg.AfterConnect = func(ctx context.Context, conn *pgx.Conn) error {
+		for _, sql := range prepared {
+			if _, err := conn.Prepare(ctx, sql, sql); err != nil {
+				return fmt.Errorf("prepare engine statement: %w", err)
+			}
+		}
+		return nil
+	}
 	pool, err := pgxpool.NewWithConfig(ctx, poolCfg)
 	if err != nil {
 		return fmt.Errorf("target pool: %w", err)
@@ -294,7 +309,6 @@ func (p *Projection) session(ctx context.Context, lease *leader.Lease) error {
 	}
 	defer srcConn.Close(context.WithoutCancel(ctx))
 
-	store := cursor.New(cfg.Engine.Schema, p.spec.Name, p.spec.Version)
 	src := replication.Source{URL: cfg.Database.URL, Table: cfg.Source.Table, Publication: cfg.Source.Publication,
 		Slot: p.slot, Columns: replication.Columns(cfg.Source.Columns)}
 

@@ -623,13 +623,20 @@ func (c *foCluster) drain(w *foWriter, projections ...string) {
 // release commits the lock away (also done at the end of the test).
 func (c *foCluster) holdEntries(projection string) (release func()) {
 	c.t.Helper()
+	return c.holdTable(projection+"_entries", "EXCLUSIVE")
+}
+
+// holdTable locks table in mode until release (also done at the end of
+// the test).
+func (c *foCluster) holdTable(table, mode string) (release func()) {
+	c.t.Helper()
 	tx, err := c.admin.Begin(c.ctx)
 	if err != nil {
 		c.t.Fatal(err)
 	}
 	release = func() { _ = tx.Commit(context.WithoutCancel(c.ctx)) }
 	c.t.Cleanup(release)
-	if _, err := tx.Exec(c.ctx, fmt.Sprintf("LOCK TABLE %s_entries IN EXCLUSIVE MODE", projection)); err != nil {
+	if _, err := tx.Exec(c.ctx, fmt.Sprintf("LOCK TABLE %s IN %s MODE", table, mode)); err != nil {
 		c.t.Fatal(err)
 	}
 	return release
@@ -638,16 +645,19 @@ func (c *foCluster) holdEntries(projection string) (release func()) {
 // foWriter appends events under live load: several writers, each owning
 // its streams (expected-version appends), transactions of 1 to 4 events.
 type foWriter struct {
-	cancel context.CancelFunc
-	wg     sync.WaitGroup
-	n      atomic.Int64
-	mu     sync.Mutex
-	err    error
+	cancel  context.CancelFunc
+	wg      sync.WaitGroup
+	n       atomic.Int64
+	mu      sync.Mutex
+	err     error
+	workers int32
+	paused  atomic.Bool
+	parked  atomic.Int32 // workers waiting while paused
 }
 
 func (c *foCluster) startWriter(workers, streams int) *foWriter {
 	ctx, cancel := context.WithCancel(c.ctx)
-	w := &foWriter{cancel: cancel}
+	w := &foWriter{cancel: cancel, workers: int32(workers)}
 	for i := range workers {
 		w.wg.Add(1)
 		go func() {
@@ -667,6 +677,17 @@ func (w *foWriter) run(ctx context.Context, pool *pgxpool.Pool, worker, streams 
 	pos := make([]int64, streams)
 	seq := 0
 	for n := 0; n < 20000 && ctx.Err() == nil; {
+		if w.paused.Load() {
+			w.parked.Add(1)
+			for w.paused.Load() && ctx.Err() == nil {
+				select {
+				case <-ctx.Done():
+				case <-time.After(5 * time.Millisecond):
+				}
+			}
+			w.parked.Add(-1)
+			continue
+		}
 		k := 1 + mrand.IntN(4)
 		var sql strings.Builder
 		sql.WriteString("INSERT INTO events (stream_id, stream_position, type, data) VALUES ")
@@ -698,6 +719,15 @@ func (w *foWriter) run(ctx context.Context, pool *pgxpool.Pool, worker, streams 
 	}
 	return nil
 }
+
+// pause stops appending until resume, once no append is in flight.
+func (w *foWriter) pause(t *testing.T) {
+	t.Helper()
+	w.paused.Store(true)
+	waitFor(t, 10*time.Second, "the writer to pause", func() bool { return w.parked.Load() == w.workers })
+}
+
+func (w *foWriter) resume() { w.paused.Store(false) }
 
 // stop ends the load and fails the test if a write failed.
 func (w *foWriter) stop(t *testing.T) {
@@ -785,22 +815,36 @@ func TestFailoverFrozenActive(t *testing.T) {
 	c := newFailoverCluster(t, p)
 	n1, n2, w := c.livePair(p)
 
-	// Hold n1's next batch inside its transaction: after the fence check,
-	// blocked on the entries table.
-	release := c.holdEntries(p)
+	// Hold a batch of n1 inside its transaction. A batch whose streams'
+	// cursors n1 has cached is one pipeline ending in COMMIT, which the
+	// server completes even with the client frozen; a batch with a stream
+	// new to n1 reads that cursor in a first round trip, after the fence
+	// check, and sends the rest only when the answer comes. With the
+	// cursors table locked, such a batch waits in its first round trip,
+	// holding the lease row FOR SHARE.
+	// The writer pauses and n1 catches up first, so that no batch of a
+	// cached stream waits on the lock too and holds up the partitions.
+	w.pause(t)
+	c.waitCaughtUp(p, 30*time.Second)
+	release := c.holdTable("pgscribe.cursors", "ACCESS EXCLUSIVE")
+	if _, err := c.admin.Exec(c.ctx, `INSERT INTO events (stream_id, stream_position, type, data)
+		VALUES ('fresh-frozen', 1, 'Deposited', '{"amount": 1}')`); err != nil {
+		t.Fatal(err)
+	}
 	backends := func(state string) int {
 		var k int
 		c.queryRow(`SELECT count(*) FROM pg_stat_activity WHERE usename = $1 AND application_name = 'pgscribe' AND backend_xid IS NOT NULL
-			AND (state = $2 OR $2 = 'lock wait' AND wait_event_type = 'Lock')`, []any{n1.role, state}, &k)
+			AND (state = $2 OR $2 = 'lock wait' AND wait_event_type = 'Lock' AND query LIKE '%CROSS JOIN LATERAL%')`, []any{n1.role, state}, &k)
 		return k
 	}
-	waitFor(t, 30*time.Second, "a batch of n1 to wait on the table lock", func() bool { return backends("lock wait") > 0 })
+	waitFor(t, 30*time.Second, "a batch of n1 to wait on the cursors lock in its first round trip", func() bool { return backends("lock wait") > 0 })
 
 	before := c.lease(p)
 	t0 := time.Now()
 	n1.signal(syscall.SIGSTOP)
 	release()
-	// The batch's statements complete; its COMMIT never comes.
+	w.resume()
+	// The batch's first round trip completes; the rest never comes.
 	waitFor(t, 10*time.Second, "n1's batch to sit idle in transaction", func() bool { return backends("idle in transaction") > 0 })
 
 	l := c.waitTakeover(p, before, "n1", foLeaseTimeout+foStandbyPoll+foSlack+5*time.Second)
@@ -1251,16 +1295,24 @@ func TestLeaseLostBump(t *testing.T) {
 	}
 }
 
-// TestLeaseFenceOrdersTakeover: a batch that passed the check holds the
-// takeover until it ends; its commit is visible to the new holder's first
-// transaction; a batch checking after the takeover is fenced.
-func TestLeaseFenceOrdersTakeover(t *testing.T) {
+// foMarksDB is foLeaseDB with a table marks (n int) that test batches
+// write, and a context bounded to a minute.
+func foMarksDB(t *testing.T) (context.Context, string, *pgxpool.Pool) {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
+	t.Cleanup(cancel)
 	dsn, pool := foLeaseDB(t)
 	if _, err := pool.Exec(ctx, `CREATE TABLE marks (n int)`); err != nil {
 		t.Fatal(err)
 	}
+	return ctx, dsn, pool
+}
+
+// TestLeaseFenceOrdersTakeover: a batch that passed the check holds the
+// takeover until it ends; its commit is visible to the new holder's first
+// transaction; a batch checking after the takeover is fenced.
+func TestLeaseFenceOrdersTakeover(t *testing.T) {
+	ctx, dsn, pool := foMarksDB(t)
 	old := foAcquire(t, ctx, dsn, "p", 1, "old", 5*time.Second)
 	tx, err := pool.Begin(ctx)
 	if err != nil {
@@ -1323,6 +1375,75 @@ func TestLeaseFenceOrdersTakeover(t *testing.T) {
 	})
 	if !errors.Is(err, apply.ErrFenced) {
 		t.Fatalf("old holder's batch after the takeover = %v, want ErrFenced", err)
+	}
+}
+
+// TestLeaseFencePipelined: the engine pipelines BEGIN, the fence check,
+// the writes and COMMIT in one round trip, so a failed check must stop
+// everything queued behind it on the server: a stale or deleted lease
+// commits nothing, and the failure reads as fenced.
+func TestLeaseFencePipelined(t *testing.T) {
+	ctx, dsn, pool := foMarksDB(t)
+	old := foAcquire(t, ctx, dsn, "p", 1, "old", 5*time.Second)
+	old.Release(ctx)
+	cur := foAcquire(t, ctx, dsn, "p", 1, "new", 5*time.Second)
+	defer cur.Release(ctx)
+
+	// batch runs BEGIN, l's check, an insert of n and COMMIT as one
+	// pipeline, as apply does.
+	batch := func(l *leader.Lease, n int) error {
+		conn, err := pool.Acquire(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer conn.Release()
+		b := &pgx.Batch{}
+		b.Queue("begin")
+		sql, args := l.CheckStatement()
+		b.Queue(sql, args...)
+		b.Queue(`INSERT INTO marks VALUES ($1)`, n)
+		b.Queue("commit")
+		br := conn.SendBatch(ctx, b)
+		defer func() {
+			_ = br.Close()
+			_, _ = conn.Exec(ctx, "rollback")
+		}()
+		if _, err := br.Exec(); err != nil {
+			return fmt.Errorf("begin: %w", err)
+		}
+		if _, err := br.Exec(); err != nil {
+			return l.CheckFailed(err)
+		}
+		for range 2 {
+			if _, err := br.Exec(); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	marks := func() []int {
+		rows, _ := pool.Query(ctx, `SELECT n FROM marks ORDER BY n`)
+		ns, err := pgx.CollectRows(rows, pgx.RowTo[int])
+		if err != nil {
+			t.Fatal(err)
+		}
+		return ns
+	}
+
+	if err := batch(old, 1); !errors.Is(err, apply.ErrFenced) || !strings.Contains(err.Error(), fmt.Sprintf("now epoch %d", cur.Epoch)) {
+		t.Fatalf("stale lease's pipelined batch = %v, want ErrFenced naming epoch %d", err, cur.Epoch)
+	}
+	if err := batch(cur, 2); err != nil {
+		t.Fatalf("holder's pipelined batch: %v", err)
+	}
+	if _, err := pool.Exec(ctx, `DELETE FROM pgscribe.leases WHERE projection = 'p' AND version = 1`); err != nil {
+		t.Fatal(err)
+	}
+	if err := batch(cur, 3); !errors.Is(err, apply.ErrFenced) || !strings.Contains(err.Error(), "row is gone") {
+		t.Fatalf("pipelined batch with the lease row gone = %v, want ErrFenced (row is gone)", err)
+	}
+	if got := marks(); len(got) != 1 || got[0] != 2 {
+		t.Fatalf("marks = %v, want only the holder's [2]", got)
 	}
 }
 

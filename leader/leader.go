@@ -5,9 +5,11 @@ import (
 	"errors"
 	"fmt"
 	"hash/fnv"
+	"strings"
 	"sync"
 	"time"
 
+	"github.com/jackc/pgerrcode"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
@@ -121,32 +123,49 @@ func TryAcquire(ctx context.Context, url, schema, projection string, version int
 	if err != nil {
 		return fail(fmt.Errorf("bump lease epoch: %w", err))
 	}
-	l.checkSQL = `SELECT epoch, acquired_at FROM ` + leases + ` WHERE projection = $1 AND version = $2 FOR SHARE`
+	l.checkSQL = `SELECT CASE WHEN count(*) = 1 AND bool_and(epoch = $3 AND acquired_at = $4) THEN 0
+  ELSE ('` + fenceMark + `lease ' || CASE WHEN count(*) = 0 THEN 'row is gone'
+    ELSE 'now epoch ' || max(epoch) || ' acquired ' || max(acquired_at) END)::int END
+FROM (SELECT epoch, acquired_at FROM ` + leases + ` WHERE projection = $1 AND version = $2 FOR SHARE) AS l`
 	return l, nil
 }
 
-// Check implements apply.Fence. It must be the first statement of the
-// batch transaction: it locks the lease row for share and verifies the
-// lease is still ours (same epoch and acquired_at), so that a takeover waits
-// for this transaction and everything the transaction reads afterwards is at
-// least as new as the previous owner's last commit. A changed or missing
-// lease returns an error wrapping apply.ErrFenced; the caller must roll
-// back.
+// Check runs the check of CheckStatement in tx, which must not have run
+// anything else yet; it returns an error wrapping apply.ErrFenced when the
+// lease is no longer ours, and the caller must roll back.
 func (l *Lease) Check(ctx context.Context, tx pgx.Tx) error {
-	var epoch int64
-	var acquired time.Time
-	err := tx.QueryRow(ctx, l.checkSQL, l.projection, l.version).Scan(&epoch, &acquired)
-	if errors.Is(err, pgx.ErrNoRows) {
-		return fmt.Errorf("%w (lease row of %s v%d is gone)", apply.ErrFenced, l.projection, l.version)
-	}
-	if err != nil {
-		return fmt.Errorf("check lease epoch: %w", err)
-	}
-	if epoch != l.Epoch || !acquired.Equal(l.Acquired) {
-		return fmt.Errorf("%w (ours %d acquired %s, current %d acquired %s)", apply.ErrFenced,
-			l.Epoch, l.Acquired.UTC().Format(time.RFC3339Nano), epoch, acquired.UTC().Format(time.RFC3339Nano))
+	sql, args := l.CheckStatement()
+	if _, err := tx.Exec(ctx, sql, args...); err != nil {
+		return l.CheckFailed(err)
 	}
 	return nil
+}
+
+// fenceMark starts the text of a failed check.
+const fenceMark = "pgscribe fence: "
+
+// CheckStatement implements apply.Fence. The statement locks the lease row
+// for share and checks it is still ours (same epoch and acquired_at), so
+// that a takeover waits for this transaction and everything the
+// transaction reads afterwards is at least as new as the previous owner's
+// last commit. It fails when the lease changed or is gone, so that in a
+// pipeline nothing after it runs: the failure is a cast of a text naming
+// what it found to integer (SQL has no RAISE), evaluated only in that case.
+func (l *Lease) CheckStatement() (string, []any) {
+	return l.checkSQL, []any{l.projection, l.version, l.Epoch, l.Acquired}
+}
+
+// CheckFailed implements apply.Fence.
+func (l *Lease) CheckFailed(err error) error {
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && pgErr.Code == pgerrcode.InvalidTextRepresentation {
+		if i := strings.Index(pgErr.Message, fenceMark); i >= 0 {
+			found := strings.TrimSuffix(pgErr.Message[i+len(fenceMark):], `"`)
+			return fmt.Errorf("%w (ours epoch %d acquired %s; %s)", apply.ErrFenced,
+				l.Epoch, l.Acquired.UTC().Format(time.RFC3339Nano), found)
+		}
+	}
+	return fmt.Errorf("check lease epoch: %w", err)
 }
 
 // Watch pings the lock session at once and then every interval, and returns

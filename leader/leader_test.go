@@ -3,12 +3,12 @@ package leader
 import (
 	"context"
 	"errors"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/pgscribe/pgscribe/apply"
@@ -69,68 +69,42 @@ func TestSessionParams(t *testing.T) {
 	}
 }
 
-// fakeRow and fakeTx answer Check's single query.
-type fakeRow struct {
-	epoch    int64
-	acquired time.Time
-	err      error
-}
-
-func (r fakeRow) Scan(dest ...any) error {
-	if r.err != nil {
-		return r.err
-	}
-	*dest[0].(*int64) = r.epoch
-	*dest[1].(*time.Time) = r.acquired
-	return nil
-}
-
-type fakeTx struct {
-	pgx.Tx // only QueryRow is used
-	row    fakeRow
-	sql    string
-}
-
-func (tx *fakeTx) QueryRow(_ context.Context, sql string, _ ...any) pgx.Row {
-	tx.sql = sql
-	return tx.row
-}
-
-func TestCheck(t *testing.T) {
-	boom := errors.New("connection reset")
+// TestCheckFailed: only the check statement's own failure (its cast of
+// the "pgscribe fence:" text) reads as fenced; any other error is passed
+// on, so a lost connection is retried and not mistaken for a takeover. The
+// statement itself runs against PostgreSQL in integration/
+// (TestLeaseFence*, TestLeaseExclusiveAndEpoch, TestLeaseLostBump).
+func TestCheckFailed(t *testing.T) {
 	at := time.Date(2026, 11, 30, 3, 0, 0, 123456000, time.UTC)
+	l := &Lease{Epoch: 7, Acquired: at, projection: "balances", version: 1}
+	boom := errors.New("connection reset")
 	tests := []struct {
 		name       string
-		row        fakeRow
+		err        error
 		wantFenced bool
-		wantErr    error
+		wantText   string
 	}{
-		{name: "same lease", row: fakeRow{epoch: 7, acquired: at}},
-		{name: "same lease, other time zone", row: fakeRow{epoch: 7, acquired: at.In(time.FixedZone("X", 3600))}},
-		{name: "newer epoch", row: fakeRow{epoch: 8, acquired: at.Add(time.Second)}, wantFenced: true},
-		{name: "older epoch", row: fakeRow{epoch: 6, acquired: at.Add(-time.Second)}, wantFenced: true},
-		// A failover lost our bump and another node bumped to the same
-		// number: only acquired_at tells the two leases apart.
-		{name: "same epoch, other acquisition", row: fakeRow{epoch: 7, acquired: at.Add(time.Microsecond)}, wantFenced: true},
-		{name: "row gone", row: fakeRow{err: pgx.ErrNoRows}, wantFenced: true},
-		{name: "query fails", row: fakeRow{err: boom}, wantErr: boom},
+		{name: "changed lease", err: &pgconn.PgError{Code: "22P02",
+			Message: `invalid input syntax for type integer: "pgscribe fence: lease now epoch 8 acquired 2026-11-30 03:00:01+00"`},
+			wantFenced: true, wantText: "ours epoch 7 acquired 2026-11-30T03:00:00.123456Z; lease now epoch 8 acquired 2026-11-30 03:00:01+00)"},
+		{name: "row gone", err: &pgconn.PgError{Code: "22P02",
+			Message: `invalid input syntax for type integer: "pgscribe fence: lease row is gone"`},
+			wantFenced: true, wantText: "lease row is gone"},
+		{name: "other cast failure", err: &pgconn.PgError{Code: "22P02", Message: `invalid input syntax for type integer: "x"`}},
+		{name: "serialization failure", err: &pgconn.PgError{Code: "40001", Message: "could not serialize access"}},
+		{name: "connection lost", err: boom},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			l := &Lease{Epoch: 7, Acquired: at, projection: "balances", version: 1, checkSQL: "SELECT … FOR SHARE"}
-			tx := &fakeTx{row: tt.row}
-			err := l.Check(context.Background(), tx)
-			if tx.sql != l.checkSQL {
-				t.Errorf("ran %q, want the lease check", tx.sql)
-			}
+			err := l.CheckFailed(tt.err)
 			if got := errors.Is(err, apply.ErrFenced); got != tt.wantFenced {
-				t.Errorf("Check() = %v, fenced %v, want fenced %v", err, got, tt.wantFenced)
+				t.Fatalf("CheckFailed() = %v, fenced %v, want fenced %v", err, got, tt.wantFenced)
 			}
-			if tt.wantErr != nil && !errors.Is(err, tt.wantErr) {
-				t.Errorf("Check() = %v, want it to wrap %v", err, tt.wantErr)
+			if !tt.wantFenced && !errors.Is(err, tt.err) {
+				t.Errorf("CheckFailed() = %v, want it to wrap %v", err, tt.err)
 			}
-			if tt.wantErr == nil && !tt.wantFenced && err != nil {
-				t.Errorf("Check() = %v, want nil", err)
+			if tt.wantText != "" && !strings.Contains(err.Error(), tt.wantText) {
+				t.Errorf("CheckFailed() = %q, want it to contain %q", err, tt.wantText)
 			}
 		})
 	}
