@@ -16,8 +16,9 @@ import (
 	"github.com/pgscribe/pgscribe/event"
 )
 
-// Evaluator turns an event into write intents. A nil slice with a nil error
-// means no rule matched (the event is skipped). An error dead-letters the
+// Evaluator turns an event into write intents, decoding the event's JSON
+// documents as far as it needs them. A nil slice with a nil error means no
+// rule matched (the event is skipped). An error dead-letters the
 // event; if it has a Kind() string method that names the dead-letter
 // error_kind. rules.Program satisfies it.
 type Evaluator interface {
@@ -194,15 +195,10 @@ func (c *Committer) commit(ctx context.Context, batch []Input, part *partition, 
 	for i, in := range batch {
 		p := &evals[i]
 		p.ev = in.Event
-		// Events arrive with raw JSON; decoding here spreads it over the
-		// partitions. Decoded once: a retried batch reuses it.
-		err := in.Event.Decode()
-		var intents []event.Intent
-		if err == nil {
-			intents, err = c.eval.Eval(in.Event)
-		} else {
-			err = decodeError{err}
-		}
+		// Events arrive with raw JSON; the evaluator decodes what its rules
+		// read, here in the partition workers. Evaluated once: a retried
+		// batch reuses the outcome.
+		intents, err := c.eval.Eval(in.Event)
 		switch {
 		case err != nil:
 			p.out = outDead
@@ -312,15 +308,6 @@ func sleep(ctx context.Context, d time.Duration) error {
 		return nil
 	}
 }
-
-// decodeError dead-letters an event whose data or metadata is not JSON
-// (possible with a json or text column, never with jsonb).
-type decodeError struct{ err error }
-
-func (e decodeError) Error() string   { return e.err.Error() }
-func (e decodeError) Unwrap() error   { return e.err }
-func (e decodeError) Kind() string    { return "decode" }
-func (e decodeError) Message() string { return e.err.Error() }
 
 // ErrFenced is returned when the lease epoch no longer matches: another node
 // took over this projection. Nothing of the batch was committed.

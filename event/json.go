@@ -59,23 +59,43 @@ func normalize(v any) any {
 }
 
 // Decode fills Data and Metadata from RawData and RawMetadata unless they
-// are already set. The replication stage leaves decoding to the apply
-// stage's partition workers, so it runs in parallel, off the single
-// reader goroutine. Not safe for concurrent use on one Event.
-func (e *Event) Decode() error {
-	if e.Data == nil {
+// are already set. Not safe for concurrent use on one Event.
+func (e *Event) Decode() error { return e.DecodeDocuments(true, true) }
+
+// DecodeDocuments decodes Data (when data) and Metadata (when metadata)
+// unless already set: rules decode only what their expressions read. The
+// replication stage leaves decoding to the apply stage's partition
+// workers, so it runs in parallel, off the single reader goroutine. A
+// document that is not JSON returns a *DecodeError. Not safe for
+// concurrent use on one Event.
+func (e *Event) DecodeDocuments(data, metadata bool) error {
+	if data && e.Data == nil {
 		d, err := DecodeDocument(e.RawData)
 		if err != nil {
-			return fmt.Errorf("event %s data: %w", e.ID, err)
+			return &DecodeError{Err: fmt.Errorf("event %s data: %w", e.ID, err)}
 		}
 		e.Data = d
 	}
-	if e.Metadata == nil {
+	if metadata && e.Metadata == nil {
 		m, err := DecodeDocument(e.RawMetadata)
 		if err != nil {
-			return fmt.Errorf("event %s metadata: %w", e.ID, err)
+			return &DecodeError{Err: fmt.Errorf("event %s metadata: %w", e.ID, err)}
 		}
 		e.Metadata = m
 	}
 	return nil
 }
+
+// DecodeError is an event document that is not JSON (possible with a json
+// or text column, never with jsonb). It dead-letters the event with
+// error_kind "decode".
+type DecodeError struct{ Err error }
+
+func (e *DecodeError) Error() string { return e.Err.Error() }
+func (e *DecodeError) Unwrap() error { return e.Err }
+
+// Kind is the dead-letter error_kind.
+func (e *DecodeError) Kind() string { return "decode" }
+
+// Message is the dead-letter error_message.
+func (e *DecodeError) Message() string { return e.Err.Error() }

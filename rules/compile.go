@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/expr-lang/expr"
+	"github.com/expr-lang/expr/ast"
 	"github.com/expr-lang/expr/vm"
 
 	"github.com/pgscribe/pgscribe/event"
@@ -38,7 +39,11 @@ type Program struct {
 	// match it in rule order; any other type matches anyRules.
 	byType   map[string][]*rule
 	anyRules []*rule
-	vms      sync.Pool // of *vm.VM
+	// Which JSON documents the rules of a type read: an event is decoded
+	// only as far as its rules need (and not at all if none matches).
+	usesByType map[string]uses
+	anyUses    uses
+	vms        sync.Pool // of *vm.VM
 }
 
 type rule struct {
@@ -212,6 +217,70 @@ func (p *Program) index(ons [][]string) {
 		if len(ons[i]) == 0 {
 			p.anyRules = append(p.anyRules, r)
 		}
+	}
+	p.usesByType = make(map[string]uses, len(p.byType))
+	for t, rs := range p.byType {
+		p.usesByType[t] = usesOf(rs)
+	}
+	p.anyUses = usesOf(p.anyRules)
+}
+
+// uses says which of an event's JSON documents expressions read.
+type uses uint8
+
+const (
+	usesData uses = 1 << iota
+	usesMetadata
+)
+
+func usesOf(rs []*rule) uses {
+	var u uses
+	for _, r := range rs {
+		u |= r.uses()
+	}
+	return u
+}
+
+// uses walks the rule's expressions for the identifiers data and metadata;
+// $env (the whole environment) counts as both.
+func (r *rule) uses() uses {
+	var exprs []*expression
+	if r.when != nil {
+		exprs = append(exprs, r.when)
+	}
+	if r.message != nil {
+		exprs = append(exprs, r.message)
+	}
+	for _, cols := range [][]column{r.key, r.set, r.inc} {
+		for i := range cols {
+			exprs = append(exprs, &cols[i].expr)
+		}
+	}
+	for i := range r.args {
+		exprs = append(exprs, &r.args[i])
+	}
+	v := &usesVisitor{}
+	for _, e := range exprs {
+		node := e.prog.Node()
+		ast.Walk(&node, v)
+	}
+	return v.u
+}
+
+type usesVisitor struct{ u uses }
+
+func (v *usesVisitor) Visit(node *ast.Node) {
+	id, ok := (*node).(*ast.IdentifierNode)
+	if !ok {
+		return
+	}
+	switch id.Value {
+	case "data":
+		v.u |= usesData
+	case "metadata":
+		v.u |= usesMetadata
+	case "$env":
+		v.u |= usesData | usesMetadata
 	}
 }
 

@@ -18,11 +18,15 @@ import (
 // Eval is safe for concurrent use; it does not modify ev.
 func (p *Program) Eval(ev *event.Event) ([]event.Intent, error) {
 	rs, ok := p.byType[ev.Type]
+	u := p.usesByType[ev.Type]
 	if !ok {
-		rs = p.anyRules
+		rs, u = p.anyRules, p.anyUses
 	}
 	if len(rs) == 0 {
 		return nil, nil
+	}
+	if err := ev.DecodeDocuments(u&usesData != 0, u&usesMetadata != 0); err != nil {
+		return nil, err
 	}
 
 	// One environment per event, shared by all its expressions; the value

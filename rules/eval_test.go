@@ -474,3 +474,61 @@ func TestEvalDoesNotAliasIntents(t *testing.T) {
 		t.Errorf("first intent changed: %+v", a[0])
 	}
 }
+
+// TestEvalDecodesWhatRulesRead: an event's JSON documents are decoded only
+// as far as the rules of its type read them, so a document nobody reads
+// costs nothing and cannot dead-letter the event; one that is read and is
+// not JSON dead-letters it as a decode error.
+func TestEvalDecodesWhatRulesRead(t *testing.T) {
+	raw := func(typ, data, meta string) *event.Event {
+		return &event.Event{ID: "e1", StreamID: "s", StreamPosition: 1, Type: typ,
+			RawData: []byte(data), RawMetadata: []byte(meta), OccurredAt: occurred}
+	}
+	p := mustCompile(t, Spec{Name: "p", Version: 1, Rules: []RuleSpec{
+		{Name: "by_data", On: "D", Op: "insert", Table: "t", Set: map[string]string{"v": "data.x"}},
+		{Name: "by_meta", On: "M", Op: "insert", Table: "t", Set: map[string]string{"v": "stream_id"},
+			When: `metadata.tenant == "t1"`},
+		{Name: "by_env", On: "E", Op: "insert", Table: "t", Set: map[string]string{"v": `$env["type"]`}},
+		{Name: "by_sql", On: "S", Op: "sql", SQL: "SELECT $1", Args: []string{"metadata.user"}},
+		{Name: "plain", On: "P", Op: "insert", Table: "t", Set: map[string]string{"v": "stream_position"}},
+	}})
+	tests := []struct {
+		name               string
+		event              *event.Event
+		wantData, wantMeta bool
+		wantDecodeErr      bool
+		wantIntents        int
+	}{
+		{name: "data only, bad metadata unread", event: raw("D", `{"x":1}`, `{not json`), wantData: true, wantIntents: 1},
+		{name: "metadata in when", event: raw("M", `{not json`, `{"tenant":"t1"}`), wantMeta: true, wantIntents: 1},
+		{name: "$env reads both", event: raw("E", `{"x":1}`, `{}`), wantData: true, wantMeta: true, wantIntents: 1},
+		{name: "sql args", event: raw("S", `{not json`, `{"user":"u"}`), wantMeta: true, wantIntents: 1},
+		{name: "neither", event: raw("P", `{not json`, `{not json`), wantIntents: 1},
+		{name: "no rule for the type", event: raw("Other", `{not json`, `{not json`)},
+		{name: "read and not JSON", event: raw("D", `{not json`, `{}`), wantDecodeErr: true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			intents, err := p.Eval(tt.event)
+			var de *event.DecodeError
+			if tt.wantDecodeErr {
+				if !errors.As(err, &de) || de.Kind() != "decode" {
+					t.Fatalf("Eval() = %v, want a decode error", err)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatalf("Eval(): %v", err)
+			}
+			if len(intents) != tt.wantIntents {
+				t.Errorf("%d intents, want %d", len(intents), tt.wantIntents)
+			}
+			if got := tt.event.Data != nil; got != tt.wantData {
+				t.Errorf("data decoded %v, want %v", got, tt.wantData)
+			}
+			if got := tt.event.Metadata != nil; got != tt.wantMeta {
+				t.Errorf("metadata decoded %v, want %v", got, tt.wantMeta)
+			}
+		})
+	}
+}
