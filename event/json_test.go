@@ -1,6 +1,8 @@
 package event
 
 import (
+	"encoding/json"
+	"reflect"
 	"testing"
 )
 
@@ -55,4 +57,64 @@ func TestLSN(t *testing.T) {
 	if l.String() != "16/B374D848" {
 		t.Fatalf("round trip = %s", l)
 	}
+}
+
+// checkDecodeKeys: DecodeKeys(raw, keys) must hold exactly what
+// DecodeDocument(raw) holds under those keys (for an object; a document
+// that is not an object decodes whole), and fail exactly when it fails.
+func checkDecodeKeys(t *testing.T, raw []byte, keys []string) {
+	t.Helper()
+	full, ferr := DecodeDocument(raw)
+	part, perr := DecodeKeys(raw, keys)
+	if (ferr != nil) != (perr != nil) {
+		t.Fatalf("%q: DecodeDocument err %v, DecodeKeys err %v", raw, ferr, perr)
+	}
+	if ferr != nil {
+		return
+	}
+	var whole any
+	_ = json.Unmarshal(raw, &whole)
+	if _, isObject := whole.(map[string]any); !isObject {
+		if !reflect.DeepEqual(part, full) {
+			t.Fatalf("%q is not an object: DecodeKeys = %#v, want it whole: %#v", raw, part, full)
+		}
+		return
+	}
+	want := map[string]any{}
+	for _, k := range keys {
+		if v, ok := full[k]; ok {
+			want[k] = v
+		}
+	}
+	if !reflect.DeepEqual(part, want) {
+		t.Fatalf("%q keys %v: DecodeKeys = %#v, want %#v", raw, keys, part, want)
+	}
+}
+
+func TestDecodeKeys(t *testing.T) {
+	docs := []string{
+		`{"account_id": "a1", "amount": 9007199254740993, "note": {"deep": [1, 2.5, null, "x"]}, "ok": true}`,
+		`{"amount": -42, "amount": 7}`, // a repeated key (json, never jsonb): the last wins
+		`{"a\u0062": "esc \"q\" \u00e9", "amount": 1e3, "neg": -0.5, "n": null, "f": false}`,
+		`{"amount": 123456789012345678901234567890}`, // beyond int64: float64
+		`{"amount": [{"x": 1}], "account_id": {}}`,
+		`{}`, ``, `7`, `"s"`, `[1, {"amount": 2}]`, `null`,
+		`{"value": 3}`,
+		`{"amount": 1,}`, `{"amount": 1`, `{"amount": tru}`, `not json`, `{"a": "\x"}`,
+	}
+	keys := [][]string{{"amount"}, {"account_id", "amount"}, {"ab", "n", "f", "neg"}, {"missing"}, {"note", "ok"}, {"value"}}
+	for _, d := range docs {
+		for _, k := range keys {
+			checkDecodeKeys(t, []byte(d), k)
+		}
+	}
+}
+
+func FuzzDecodeKeys(f *testing.F) {
+	for _, s := range []string{`{"amount": 5, "account_id": "a"}`, `{"amount": {"x": [1, 2]}}`, `[1]`, `{"amount": 1e400}`, `{`} {
+		f.Add([]byte(s), "amount")
+	}
+	f.Fuzz(func(t *testing.T, raw []byte, key string) {
+		checkDecodeKeys(t, raw, []string{key, "account_id"})
+	})
 }

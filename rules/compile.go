@@ -225,25 +225,24 @@ func (p *Program) index(ons [][]string) {
 	p.anyUses = usesOf(p.anyRules)
 }
 
-// uses says which of an event's JSON documents expressions read.
-type uses uint8
+// uses is what expressions read of an event's two JSON documents.
+type uses struct{ data, metadata event.Want }
 
-const (
-	usesData uses = 1 << iota
-	usesMetadata
-)
-
+// usesOf merges what the rules' expressions read: a document read whole
+// by one is decoded whole, else the union of the keys they read.
 func usesOf(rs []*rule) uses {
-	var u uses
+	v := newUsesVisitor()
 	for _, r := range rs {
-		u |= r.uses()
+		for _, e := range r.expressions() {
+			node := e.prog.Node()
+			ast.Walk(&node, v)
+		}
 	}
-	return u
+	return uses{data: v.want("data"), metadata: v.want("metadata")}
 }
 
-// uses walks the rule's expressions for the identifiers data and metadata;
-// $env (the whole environment) counts as both.
-func (r *rule) uses() uses {
+// expressions lists every expression of the rule.
+func (r *rule) expressions() []*expression {
 	var exprs []*expression
 	if r.when != nil {
 		exprs = append(exprs, r.when)
@@ -259,29 +258,71 @@ func (r *rule) uses() uses {
 	for i := range r.args {
 		exprs = append(exprs, &r.args[i])
 	}
-	v := &usesVisitor{}
-	for _, e := range exprs {
-		node := e.prog.Node()
-		ast.Walk(&node, v)
-	}
-	return v.u
+	return exprs
 }
 
-type usesVisitor struct{ u uses }
+// usesVisitor finds, for the documents data and metadata, which top-level
+// keys expressions read: an identifier whose every use is a member access
+// by a constant name (data.amount, data["amount"], data?.amount, and
+// deeper paths below them) needs only those keys; any other use (data
+// passed whole, data[expr], "k" in data, $env) needs the whole document.
+type usesVisitor struct {
+	keys  map[string]map[string]bool              // document → keys read
+	whole map[string]bool                         // document → read whole
+	ids   map[string]map[*ast.IdentifierNode]bool // document → its identifiers, true once covered by a member access
+}
 
+func newUsesVisitor() *usesVisitor {
+	return &usesVisitor{keys: map[string]map[string]bool{}, whole: map[string]bool{},
+		ids: map[string]map[*ast.IdentifierNode]bool{}}
+}
+
+func isDocument(name string) bool { return name == "data" || name == "metadata" }
+
+// Visit sees children before their parent (ast.Walk is post-order).
 func (v *usesVisitor) Visit(node *ast.Node) {
-	id, ok := (*node).(*ast.IdentifierNode)
-	if !ok {
-		return
+	switch n := (*node).(type) {
+	case *ast.IdentifierNode:
+		if n.Value == "$env" {
+			v.whole["data"], v.whole["metadata"] = true, true
+		} else if isDocument(n.Value) {
+			if v.ids[n.Value] == nil {
+				v.ids[n.Value] = map[*ast.IdentifierNode]bool{}
+			}
+			v.ids[n.Value][n] = false
+		}
+	case *ast.MemberNode:
+		id, ok := n.Node.(*ast.IdentifierNode)
+		if !ok || !isDocument(id.Value) || n.Method {
+			return
+		}
+		key, ok := n.Property.(*ast.StringNode)
+		if !ok {
+			return // data[expr]: the identifier stays uncovered
+		}
+		if v.keys[id.Value] == nil {
+			v.keys[id.Value] = map[string]bool{}
+		}
+		v.keys[id.Value][key.Value] = true
+		v.ids[id.Value][id] = true
 	}
-	switch id.Value {
-	case "data":
-		v.u |= usesData
-	case "metadata":
-		v.u |= usesMetadata
-	case "$env":
-		v.u |= usesData | usesMetadata
+}
+
+func (v *usesVisitor) want(doc string) event.Want {
+	if v.whole[doc] {
+		return event.All
 	}
+	for _, covered := range v.ids[doc] {
+		if !covered {
+			return event.All
+		}
+	}
+	keys := make([]string, 0, len(v.keys[doc]))
+	for k := range v.keys[doc] {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	return event.Want{Keys: keys}
 }
 
 // parseOn accepts a type, a list of types, or nil (all types).

@@ -25,7 +25,7 @@ func (p *Program) Eval(ev *event.Event) ([]event.Intent, error) {
 	if len(rs) == 0 {
 		return nil, nil
 	}
-	if err := ev.DecodeDocuments(u&usesData != 0, u&usesMetadata != 0); err != nil {
+	if err := ev.DecodeDocuments(u.data, u.metadata); err != nil {
 		return nil, err
 	}
 

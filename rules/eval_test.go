@@ -2,8 +2,10 @@ package rules
 
 import (
 	"errors"
+	"maps"
 	"math"
 	"reflect"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -491,6 +493,9 @@ func TestEvalDecodesWhatRulesRead(t *testing.T) {
 		{Name: "by_env", On: "E", Op: "insert", Table: "t", Set: map[string]string{"v": `$env["type"]`}},
 		{Name: "by_sql", On: "S", Op: "sql", SQL: "SELECT $1", Args: []string{"metadata.user"}},
 		{Name: "plain", On: "P", Op: "insert", Table: "t", Set: map[string]string{"v": "stream_position"}},
+		{Name: "whole", On: "W", Op: "insert", Table: "t", Set: map[string]string{"v": "len(data)"}},
+		{Name: "constant keys", On: "C", Op: "insert", Table: "t", Set: map[string]string{"v": `data["x" + "y"] ?? data?.x.deep`}},
+		{Name: "computed key", On: "K", Op: "insert", Table: "t", Set: map[string]string{"v": `data[type] ?? data["x" + "y"] ?? data.x.deep`}},
 	}})
 	tests := []struct {
 		name               string
@@ -498,8 +503,15 @@ func TestEvalDecodesWhatRulesRead(t *testing.T) {
 		wantData, wantMeta bool
 		wantDecodeErr      bool
 		wantIntents        int
+		wantDataKeys       []string // the keys Data holds, when set
 	}{
-		{name: "data only, bad metadata unread", event: raw("D", `{"x":1}`, `{not json`), wantData: true, wantIntents: 1},
+		{name: "data only, bad metadata unread", event: raw("D", `{"x":1,"y":{"z":2}}`, `{not json`), wantData: true, wantIntents: 1,
+			wantDataKeys: []string{"x"}},
+		{name: "data whole", event: raw("W", `{"x":1,"y":2}`, `{}`), wantData: true, wantIntents: 1, wantDataKeys: []string{"x", "y"}},
+		{name: "data by a computed key", event: raw("K", `{"x":{"deep":1},"xy":2,"z":3}`, `{}`), wantData: true, wantIntents: 1,
+			wantDataKeys: []string{"x", "xy", "z"}},
+		{name: "data by constant keys", event: raw("C", `{"x":{"deep":1},"xy":2,"z":3}`, `{}`), wantData: true, wantIntents: 1,
+			wantDataKeys: []string{"x", "xy"}},
 		{name: "metadata in when", event: raw("M", `{not json`, `{"tenant":"t1"}`), wantMeta: true, wantIntents: 1},
 		{name: "$env reads both", event: raw("E", `{"x":1}`, `{}`), wantData: true, wantMeta: true, wantIntents: 1},
 		{name: "sql args", event: raw("S", `{not json`, `{"user":"u"}`), wantMeta: true, wantIntents: 1},
@@ -525,6 +537,12 @@ func TestEvalDecodesWhatRulesRead(t *testing.T) {
 			}
 			if got := tt.event.Data != nil; got != tt.wantData {
 				t.Errorf("data decoded %v, want %v", got, tt.wantData)
+			}
+			if tt.wantDataKeys != nil {
+				got := slices.Sorted(maps.Keys(tt.event.Data))
+				if !slices.Equal(got, tt.wantDataKeys) {
+					t.Errorf("data decoded with keys %v, want %v", got, tt.wantDataKeys)
+				}
 			}
 			if got := tt.event.Metadata != nil; got != tt.wantMeta {
 				t.Errorf("metadata decoded %v, want %v", got, tt.wantMeta)
