@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/pgscribe/pgscribe/config"
 )
 
 // live is W4: the engine runs live (activity projection: one row per event,
@@ -94,7 +96,17 @@ func (b *bench) live(ctx context.Context) error {
 	if err := p.stop(); err != nil {
 		return fmt.Errorf("engine stop: %w", err)
 	}
-	w.Statements, err = b.topStatements(ctx, db)
+	if w.Statements, err = b.topStatements(ctx, db); err != nil {
+		return err
+	}
+	if !o.refs {
+		return nil
+	}
+	c, err := config.Load(cfg)
+	if err != nil {
+		return err
+	}
+	w.Floor, err = b.decodeFloor(ctx, db, prod, c.Source.Publication, step)
 	return err
 }
 

@@ -85,7 +85,7 @@ func parseFlags(args []string) (options, error) {
 	fs.IntVar(&o.w4Producers, "w4-producers", 4, "W4 producer connections (each commits every -w4-tick)")
 	fs.DurationVar(&o.w4Tick, "w4-tick", 10*time.Millisecond, "W4: each producer commits what is due every tick")
 	fs.Int64Var(&o.w5TxEvents, "w5-tx-events", 100, "W5: events per appended transaction while the engine is stopped")
-	fs.BoolVar(&o.refs, "refs", true, "measure the SQL ceiling and the per-event loop (false: engine only, for quick experiments)")
+	fs.BoolVar(&o.refs, "refs", true, "measure the references: SQL ceiling, per-event loop, W4's decode floor (false: engine only, for quick experiments)")
 	fs.BoolVar(&o.statements, "statements", false, "load pg_stat_statements and report the engine's heaviest statements per workload")
 	fs.BoolVar(&o.rss5M, "rss-5m", false, "also backfill 5M events (before -scale) to compare peak RSS with 1M")
 	fs.BoolVar(&o.profile, "profile", false, "rerun W1 and W2 in-process with the CPU profiler; top functions go to RESULTS.md")

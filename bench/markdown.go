@@ -72,6 +72,28 @@ func (r *Results) markdown() string {
 				"and the catch-up after it; PG CPU includes the producer's appends and the walsender's decoding.")
 			p("")
 		}
+		if len(w.Floor) > 0 {
+			p("Reference, measured in the same run after the engine stopped: the decode floor, PostgreSQL's logical " +
+				"decoding alone. The same producer at the same rates, and a consumer that only receives (its own " +
+				"temporary pgoutput slot on the engine's publication) and times each event from its commit timestamp " +
+				"to its arrival. The engine also writes the read model and commits, so it cannot beat this on the same " +
+				"server; *pgscribe adds* is the engine's percentile minus the floor's.")
+			p("")
+			p("| producer rate | events | floor p50 ms | floor p99 ms | floor max ms | pgscribe p50 ms | pgscribe p99 ms | pgscribe adds, p50 ms | load |")
+			p("|--:|--:|--:|--:|--:|--:|--:|--:|---|")
+			for _, f := range w.Floor {
+				eng, adds := "—", "—"
+				engP99 := "—"
+				for _, l := range w.Latency {
+					if l.TargetRate == f.TargetRate {
+						eng, engP99, adds = fmt.Sprintf("%.1f", l.P50), fmt.Sprintf("%.1f", l.P99), fmt.Sprintf("%.1f", l.P50-f.P50)
+					}
+				}
+				p("| %s/s | %s | %.1f | %.1f | %.1f | %s | %s | %s | %s |", thousands(int64(f.TargetRate)), thousands(f.Events),
+					f.P50, f.P99, f.Max, eng, engP99, adds, f.Load)
+			}
+			p("")
+		}
 		if len(w.Statements) > 0 {
 			p("PostgreSQL's heaviest statements during the engine run (pg_stat_statements, execution time only: " +
 				"parse, bind and commit are not in it; the bench's 100 ms poll of `pgscribe.cursors` is one of them):")
@@ -192,6 +214,12 @@ func (r *Results) summary(p func(string, ...any)) {
 				atMost("W4 at 5k events/s, p99", l.P99, 15, " ms")
 			}
 		}
+		for _, f := range w.Floor {
+			if f.TargetRate == 5000 {
+				goals = append(goals, goal{"W4 at 5k events/s, decode floor p50 / p99 (PostgreSQL alone, a reference)",
+					fmt.Sprintf("%.1f / %.1f ms", f.P50, f.P99), "—", "context"})
+			}
+		}
 	}
 	if len(r.Memory) > 0 {
 		first := r.Memory[0]
@@ -234,6 +262,8 @@ func rowLabel(r Row) string {
 		return "SQL ceiling (one INSERT … SELECT … ON CONFLICT) — " + r.Projection
 	case "loop":
 		return fmt.Sprintf("per-event loop (1 tx/event: write + cursor upsert; %s-event slice) — %s", thousands(r.Events), r.Projection)
+	case "decode":
+		return "decode only (the same backlog received from a slot of its own, nothing applied)"
 	}
 	return "**" + r.Label + "**"
 }

@@ -54,6 +54,7 @@ type Workload struct {
 	GenerateSeconds float64      `json:"generate_seconds,omitempty"`
 	Rows            []Row        `json:"rows,omitempty"`
 	Latency         []LatencyRow `json:"latency,omitempty"`
+	Floor           []LatencyRow `json:"decode_floor,omitempty"` // W4's reference: logical decoding alone
 	Checks          []Check      `json:"checks,omitempty"`
 	Statements      []Statement  `json:"statements,omitempty"`
 }

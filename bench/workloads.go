@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"github.com/pgscribe/pgscribe/config"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -359,6 +360,15 @@ func (b *bench) catchUp(ctx context.Context, hist history) error {
 	if err := p.stop(); err != nil {
 		return fmt.Errorf("stop after first start: %w", err)
 	}
+	// The decode-only reference's slot must exist before the backlog is
+	// written; it streams only after the engine's run.
+	var slot *floorSlot
+	if b.opts.refs {
+		if slot, err = createFloorSlot(ctx, db.dsn); err != nil {
+			return err
+		}
+		defer func() { slot.conn.Close(context.WithoutCancel(ctx)) }()
+	}
 	if err := b.fill(ctx, w, db, hist, b.opts.w5TxEvents); err != nil {
 		return err
 	}
@@ -372,6 +382,15 @@ func (b *bench) catchUp(ctx context.Context, hist history) error {
 	w.Rows = append(w.Rows, r.rows("pgscribe")...)
 	w.Statements = r.statements
 	say("W5: engine %s", w.Rows[0].summary())
+	if slot != nil {
+		c, err := config.Load(cfg)
+		if err != nil {
+			return err
+		}
+		if err := b.decodeOnly(ctx, w, slot, c.Source.Publication, n, w.Rows[0].Rate); err != nil {
+			return err
+		}
+	}
 	return b.references(ctx, w, db, models, n)
 }
 
