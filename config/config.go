@@ -67,7 +67,7 @@ type Engine struct {
 	BatchSize            int           // live batch size, default 500
 	BatchTimeout         time.Duration // default 20ms
 	BackfillBatchSize    int           // default 5000
-	QueueSize            int           // events buffered per partition, default 2*BatchSize
+	QueueSize            int           // events buffered per partition, default max(2*BatchSize, BackfillBatchSize/2)
 	StandbyPoll          time.Duration // default 5s
 	LeaseTimeout         time.Duration // default 15s
 	LagInterval          time.Duration // default 5s
@@ -121,7 +121,7 @@ func Default() *Config {
 			BatchSize:         500,
 			BatchTimeout:      20 * time.Millisecond,
 			BackfillBatchSize: 5000,
-			QueueSize:         2 * 500,
+			QueueSize:         5000 / 2,
 			StandbyPoll:       5 * time.Second,
 			LeaseTimeout:      15 * time.Second,
 			LagInterval:       5 * time.Second,

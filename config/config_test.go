@@ -341,7 +341,7 @@ func TestLoadDefaults(t *testing.T) {
 		{"batch size", c.Engine.BatchSize, 500},
 		{"batch timeout", c.Engine.BatchTimeout, 20 * time.Millisecond},
 		{"backfill batch size", c.Engine.BackfillBatchSize, 5000},
-		{"queue size", c.Engine.QueueSize, 1000},
+		{"queue size", c.Engine.QueueSize, 2500},
 		{"standby poll", c.Engine.StandbyPoll, 5 * time.Second},
 		{"lease timeout", c.Engine.LeaseTimeout, 15 * time.Second},
 		{"lag interval", c.Engine.LagInterval, 5 * time.Second},
@@ -369,7 +369,9 @@ func TestLoadDerivedAndExplicitValues(t *testing.T) {
 		src       string
 		wantQueue int
 	}{
-		{name: "queue follows batch size", src: "[engine]\nbatch_size = 100\n", wantQueue: 200},
+		{name: "queue follows backfill batch size", src: "[engine]\nbatch_size = 100\n", wantQueue: 2500},
+		{name: "queue follows batch size", src: "[engine]\nbatch_size = 100\nbackfill_batch_size = 300\n", wantQueue: 200},
+		{name: "queue follows a large batch size", src: "[engine]\nbatch_size = 2000\n", wantQueue: 4000},
 		{name: "explicit queue size", src: "[engine]\nbatch_size = 100\nqueue_size = 7\n", wantQueue: 7},
 	}
 	for _, tt := range tests {

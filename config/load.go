@@ -338,7 +338,10 @@ func (d *decoder) engine(t *table, e *Engine) {
 	t.duration("batch_timeout", &e.BatchTimeout)
 	t.count("backfill_batch_size", &e.BackfillBatchSize, 1)
 	if !t.count("queue_size", &e.QueueSize, 1) {
-		e.QueueSize = 2 * e.BatchSize
+		// Room for a live batch twice over, and for half a backfill batch:
+		// a backfill batch is what queued while the previous one committed,
+		// so a smaller queue caps backfill batches below their size.
+		e.QueueSize = max(2*e.BatchSize, e.BackfillBatchSize/2)
 	}
 	t.duration("standby_poll", &e.StandbyPoll)
 	t.duration("lease_timeout", &e.LeaseTimeout)
