@@ -18,9 +18,11 @@
 // it still is. A node whose lock session died (network cut of that one
 // connection, the server ending it for idleness while the process was
 // frozen) may still hold working batch connections. So every batch
-// transaction starts with Check: SELECT epoch, acquired_at FROM leases …
-// FOR SHARE, and rolls back (apply.ErrFenced) unless both are what this
-// node wrote when it acquired. (acquired_at makes the token unique even if
+// transaction starts with the check of CheckStatement, which reads SELECT
+// epoch, acquired_at FROM leases … FOR SHARE and fails, in PostgreSQL,
+// unless both are what this node wrote when it acquired: a batch pipelines
+// its writes and COMMIT behind the check, and the server skips them after
+// the failure (CheckFailed reads it as apply.ErrFenced). (acquired_at makes the token unique even if
 // a PostgreSQL failover loses the last bump with the WAL that carried it and
 // the next holder bumps to the same epoch again.) The bump is an UPDATE of
 // the same row, so the row lock orders every batch against every takeover:
