@@ -99,7 +99,10 @@ func createFloorSlot(ctx context.Context, dsn string) (*floorSlot, error) {
 		return nil, fmt.Errorf("decode floor: connect: %w", err)
 	}
 	res, err := pglogrepl.CreateReplicationSlot(ctx, conn, floorSlotName, "pgoutput",
-		pglogrepl.CreateReplicationSlotOptions{Temporary: true, Mode: pglogrepl.LogicalReplication})
+		// No exported snapshot: one would stay open until START_REPLICATION
+		// and hold back the xmin horizon (no pruning, no vacuum) through
+		// the engine's whole run.
+		pglogrepl.CreateReplicationSlotOptions{Temporary: true, Mode: pglogrepl.LogicalReplication, SnapshotAction: "NOEXPORT_SNAPSHOT"})
 	if err != nil {
 		conn.Close(ctx)
 		return nil, fmt.Errorf("decode floor: create slot: %w", err)
