@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strconv"
 	"sync"
 	"time"
 
@@ -21,7 +22,7 @@ import (
 // commits cannot do better on the same server; engine minus floor is what
 // pgscribe adds. Run after the engine's steps, with the engine stopped.
 func (b *bench) decodeFloor(ctx context.Context, db *database, prod *producer, publication string, step time.Duration) ([]LatencyRow, error) {
-	c, err := startFloorConsumer(ctx, db.dsn, publication)
+	c, err := startFloorConsumer(ctx, db.dsn, "pgscribe_bench_floor", publication)
 	if err != nil {
 		return nil, err
 	}
@@ -79,16 +80,20 @@ type floorConsumer struct {
 	mu    sync.Mutex
 	since time.Time
 	lat   []float64
+	// arrivals, when not nil, records each event's arrival by its position
+	// (the paired measurement of W4).
+	arrivals map[int64]time.Time
 }
 
 // floorSlot is a replication connection holding a temporary pgoutput slot
 // that has not started streaming yet: WAL written from now on waits in it.
 type floorSlot struct {
 	conn  *pgconn.PgConn
+	name  string
 	start pglogrepl.LSN
 }
 
-func createFloorSlot(ctx context.Context, dsn string) (*floorSlot, error) {
+func createFloorSlot(ctx context.Context, dsn, name string) (*floorSlot, error) {
 	cfg, err := pgconn.ParseConfig(dsn)
 	if err != nil {
 		return nil, err
@@ -98,7 +103,7 @@ func createFloorSlot(ctx context.Context, dsn string) (*floorSlot, error) {
 	if err != nil {
 		return nil, fmt.Errorf("decode floor: connect: %w", err)
 	}
-	res, err := pglogrepl.CreateReplicationSlot(ctx, conn, floorSlotName, "pgoutput",
+	res, err := pglogrepl.CreateReplicationSlot(ctx, conn, name, "pgoutput",
 		// No exported snapshot: one would stay open until START_REPLICATION
 		// and hold back the xmin horizon (no pruning, no vacuum) through
 		// the engine's whole run.
@@ -112,13 +117,11 @@ func createFloorSlot(ctx context.Context, dsn string) (*floorSlot, error) {
 		conn.Close(ctx)
 		return nil, err
 	}
-	return &floorSlot{conn: conn, start: start}, nil
+	return &floorSlot{conn: conn, name: name, start: start}, nil
 }
 
-const floorSlotName = "pgscribe_bench_floor"
-
-func startFloorConsumer(ctx context.Context, dsn, publication string) (*floorConsumer, error) {
-	slot, err := createFloorSlot(ctx, dsn)
+func startFloorConsumer(ctx context.Context, dsn, slotName, publication string) (*floorConsumer, error) {
+	slot, err := createFloorSlot(ctx, dsn, slotName)
 	if err != nil {
 		return nil, err
 	}
@@ -127,7 +130,7 @@ func startFloorConsumer(ctx context.Context, dsn, publication string) (*floorCon
 
 // consume starts streaming the slot; the consumer owns the connection.
 func (s *floorSlot) consume(ctx context.Context, publication string) (*floorConsumer, error) {
-	err := pglogrepl.StartReplication(ctx, s.conn, floorSlotName, s.start, pglogrepl.StartReplicationOptions{
+	err := pglogrepl.StartReplication(ctx, s.conn, s.name, s.start, pglogrepl.StartReplicationOptions{
 		PluginArgs: []string{"proto_version '1'", fmt.Sprintf("publication_names '%s'", publication)}})
 	if err != nil {
 		s.conn.Close(ctx)
@@ -167,6 +170,7 @@ func (b *bench) decodeOnly(ctx context.Context, w *Workload, slot *floorSlot, pu
 func (c *floorConsumer) loop(ctx context.Context) error {
 	var received pglogrepl.LSN
 	var commit time.Time
+	posCol := map[uint32]int{} // relation → index of its position column
 	next := time.Now()
 	for {
 		if !time.Now().Before(next) {
@@ -207,12 +211,21 @@ func (c *floorConsumer) loop(ctx context.Context) error {
 			return err
 		}
 		switch m := m.(type) {
+		case *pglogrepl.RelationMessage:
+			posCol[m.RelationID] = slices.IndexFunc(m.Columns, func(col *pglogrepl.RelationMessageColumn) bool {
+				return col.Name == "position"
+			})
 		case *pglogrepl.BeginMessage:
 			commit = m.CommitTime
 		case *pglogrepl.InsertMessage:
 			c.mu.Lock()
 			if !commit.Before(c.since) {
 				c.lat = append(c.lat, float64(arrived.Sub(commit).Microseconds())/1000)
+			}
+			if i, ok := posCol[m.RelationID]; ok && c.arrivals != nil && i >= 0 && i < len(m.Tuple.Columns) {
+				if pos, err := strconv.ParseInt(string(m.Tuple.Columns[i].Data), 10, 64); err == nil {
+					c.arrivals[pos] = arrived
+				}
 			}
 			c.mu.Unlock()
 		}
@@ -226,31 +239,66 @@ func (c *floorConsumer) record(since time.Time) {
 	c.mu.Unlock()
 }
 
-// collect waits until n events of the measurement arrived and returns
-// their latencies, sorted.
-func (c *floorConsumer) collect(ctx context.Context, n int64, timeout time.Duration) ([]float64, error) {
+// await polls done, under the consumer's lock, every 50 ms until it
+// reports true, the consumer ends, or timeout passes; what names the
+// measurement in errors, and done's string what it has so far.
+func (c *floorConsumer) await(ctx context.Context, what string, timeout time.Duration, done func() (bool, string)) error {
 	deadline := time.Now().Add(timeout)
 	for {
 		c.mu.Lock()
-		got := int64(len(c.lat))
-		if got >= n {
-			lat := slices.Clone(c.lat)
-			c.mu.Unlock()
-			slices.Sort(lat)
-			return lat, nil
-		}
+		ok, have := done()
 		c.mu.Unlock()
+		if ok {
+			return nil
+		}
 		select {
 		case <-c.done:
-			return nil, fmt.Errorf("decode floor: consumer ended: %w", c.err)
+			return fmt.Errorf("%s: consumer ended: %w", what, c.err)
 		case <-ctx.Done():
-			return nil, ctx.Err()
+			return ctx.Err()
 		case <-time.After(50 * time.Millisecond):
 		}
 		if time.Now().After(deadline) {
-			return nil, fmt.Errorf("decode floor: %d of %d events arrived in %s", got, n, timeout)
+			return fmt.Errorf("%s: %s in %s", what, have, timeout)
 		}
 	}
+}
+
+// collect waits until n events of the measurement arrived and returns
+// their latencies, sorted.
+func (c *floorConsumer) collect(ctx context.Context, n int64, timeout time.Duration) ([]float64, error) {
+	var lat []float64
+	err := c.await(ctx, "decode floor", timeout, func() (bool, string) {
+		if int64(len(c.lat)) < n {
+			return false, fmt.Sprintf("%d of %d events arrived", len(c.lat), n)
+		}
+		lat = slices.Clone(c.lat)
+		return true, ""
+	})
+	slices.Sort(lat)
+	return lat, err
+}
+
+// arrivalsIn waits until every event with position in (lo, hi] arrived,
+// and returns their arrival times (forgetting them).
+func (c *floorConsumer) arrivalsIn(ctx context.Context, lo, hi int64, timeout time.Duration) (map[int64]time.Time, error) {
+	var out map[int64]time.Time
+	err := c.await(ctx, "paired consumer", timeout, func() (bool, string) {
+		out = make(map[int64]time.Time, hi-lo)
+		for pos, at := range c.arrivals {
+			if pos > lo && pos <= hi {
+				out[pos] = at
+			}
+		}
+		if int64(len(out)) < hi-lo {
+			return false, fmt.Sprintf("%d of %d events arrived", len(out), hi-lo)
+		}
+		for pos := range out {
+			delete(c.arrivals, pos)
+		}
+		return true, ""
+	})
+	return out, err
 }
 
 func (c *floorConsumer) close() {

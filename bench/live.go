@@ -4,7 +4,10 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
+	"os"
 	"path/filepath"
+	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -30,6 +33,26 @@ func (b *bench) live(ctx context.Context) error {
 	w := b.res.workload("W4", "live: paced producer, end-to-end latency (activity)",
 		fmt.Sprintf("%s per rate; %d producer connections each committing what is due every %s, over %s streams",
 			step, o.w4Producers, o.w4Tick, thousands(o.streams)), 0)
+
+	// The paired consumer receives the same events as the engine, from a
+	// slot of its own, during the engine's steps: what PostgreSQL's
+	// delivery alone costs each event at the same moment (disk stalls and
+	// CPU contention included), so that the engine's share is known per
+	// event. It costs a second walsender's decoding.
+	var paired *floorConsumer
+	if o.w4Paired {
+		c, err := config.Load(cfg)
+		if err != nil {
+			return err
+		}
+		if paired, err = startFloorConsumer(ctx, db.dsn, "pgscribe_bench_paired", c.Source.Publication); err != nil {
+			return err
+		}
+		paired.mu.Lock()
+		paired.arrivals = map[int64]time.Time{}
+		paired.mu.Unlock()
+		defer paired.close()
+	}
 
 	p, err := startBinary(o.bin, cfg, filepath.Join(o.rawDir, "w4-engine.log"))
 	if err != nil {
@@ -90,6 +113,23 @@ func (b *bench) live(ctx context.Context) error {
 		if err := latency(ctx, db, pos0, pos1, &row); err != nil {
 			return err
 		}
+		evs, err := eventLatencies(ctx, db, pos0, pos1)
+		if err != nil {
+			return err
+		}
+		var arrivals map[int64]time.Time
+		if paired != nil {
+			if arrivals, err = paired.arrivalsIn(ctx, pos0, pos1, 30*time.Second); err != nil {
+				return err
+			}
+		}
+		if err := pair(evs, arrivals, &row, filepath.Join(o.rawDir, fmt.Sprintf("w4-%d-latency.csv", rate))); err != nil {
+			return err
+		}
+		if row.Paired != nil {
+			say("W4: %d/s paired: PostgreSQL delivers p50 %.1f ms, p99 %.1f ms; pgscribe adds p50 %.1f ms, p99 %.1f ms",
+				rate, row.Paired.FloorP50, row.Paired.FloorP99, row.Paired.AddsP50, row.Paired.AddsP99)
+		}
 		say("W4: %d/s → achieved %.0f/s, p50 %.1f ms, p99 %.1f ms, max %.1f ms", rate, row.Achieved, row.P50, row.P99, row.Max)
 		w.Latency = append(w.Latency, row)
 	}
@@ -135,6 +175,63 @@ FROM (SELECT extract(epoch FROM pg_xact_commit_timestamp(a.xmin) - pg_xact_commi
 		return fmt.Errorf("latency: %d of %d events have a read-model row", measured, hi-lo)
 	}
 	return nil
+}
+
+// eventLatency is one W4 event: its position, its commit time, and the
+// commit of its read-model row, in µs since the Unix epoch.
+type eventLatency struct {
+	pos, eventUS, rowUS int64
+}
+
+func eventLatencies(ctx context.Context, db *database, lo, hi int64) ([]eventLatency, error) {
+	rows, err := db.pool.Query(ctx, `
+SELECT e.position,
+  (extract(epoch FROM pg_xact_commit_timestamp(e.xmin)) * 1000000)::bigint,
+  (extract(epoch FROM pg_xact_commit_timestamp(a.xmin)) * 1000000)::bigint
+FROM events e JOIN account_activity a ON a.event_id = e.id
+WHERE e.position > $1 AND e.position <= $2
+ORDER BY e.position`, lo, hi)
+	if err != nil {
+		return nil, fmt.Errorf("event latencies: %w", err)
+	}
+	var out []eventLatency
+	var l eventLatency
+	_, err = pgx.ForEachRow(rows, []any{&l.pos, &l.eventUS, &l.rowUS}, func() error {
+		out = append(out, l)
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("event latencies: %w", err)
+	}
+	return out, nil
+}
+
+// pair fills row.Paired from the step's events and the paired consumer's
+// arrivals, and writes both to a CSV file of the raw directory (for
+// looking at when the tail happens, say against the engine's log).
+func pair(evs []eventLatency, arrivals map[int64]time.Time, row *LatencyRow, path string) error {
+	var out strings.Builder
+	out.WriteString("position,event_commit_unix_us,pgscribe_ms,floor_ms\n")
+	var floor, adds []float64
+	for _, e := range evs {
+		eng := float64(e.rowUS-e.eventUS) / 1000
+		fl := ""
+		if at, ok := arrivals[e.pos]; ok {
+			f := float64(at.UnixMicro()-e.eventUS) / 1000
+			floor, adds = append(floor, f), append(adds, eng-f)
+			fl = fmt.Sprintf("%.3f", f)
+		}
+		fmt.Fprintf(&out, "%d,%d,%.3f,%s\n", e.pos, e.eventUS, eng, fl)
+	}
+	if len(floor) > 0 {
+		slices.Sort(floor)
+		slices.Sort(adds)
+		row.Paired = &Paired{
+			FloorP50: percentile(floor, 0.5), FloorP99: percentile(floor, 0.99), FloorMax: floor[len(floor)-1],
+			AddsP50: percentile(adds, 0.5), AddsP99: percentile(adds, 0.99), AddsMax: adds[len(adds)-1],
+		}
+	}
+	return os.WriteFile(path, []byte(out.String()), 0o644)
 }
 
 // producer appends account events at a paced rate over several

@@ -23,6 +23,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/pgscribe/pgscribe/internal/pgtest"
 )
 
 // options are the command-line flags.
@@ -33,6 +35,7 @@ type options struct {
 	events, streams, active      int64
 	loopEvents                   int64
 	w4Seconds                    float64
+	w4Paired                     bool
 	w4Rates                      []int
 	w4Producers                  int
 	w4Tick                       time.Duration
@@ -80,6 +83,7 @@ func parseFlags(args []string) (options, error) {
 	fs.Int64Var(&o.streams, "streams", 10_000, "streams (accounts) the events spread over")
 	fs.Int64Var(&o.active, "active-streams", 1_000, "streams whose events interleave at a time in position order")
 	fs.Int64Var(&o.loopEvents, "loop-events", 20_000, "events of the per-event loop's slice (before -scale)")
+	fs.BoolVar(&o.w4Paired, "w4-paired", true, "attach a consumer that only receives during W4's steps, to split each event's latency into PostgreSQL's delivery and pgscribe's share")
 	fs.Float64Var(&o.w4Seconds, "w4-seconds", 60, "seconds of each W4 load step (before -scale)")
 	rates := fs.String("w4-rates", "1000,5000,10000", "W4 producer rates, events/s")
 	fs.IntVar(&o.w4Producers, "w4-producers", 4, "W4 producer connections (each commits every -w4-tick)")
@@ -196,6 +200,21 @@ func run(ctx context.Context, o options) error {
 	b.srv = srv
 	b.res.setServer(srv)
 	say("PostgreSQL %s (%s mode) ready", srv.version, srv.Mode())
+	if o.refs {
+		dir := os.TempDir()
+		pgdata := srv.dataDirectory(ctx)
+		if pgdata != "" && srv.Mode() == pgtest.ModeLocal {
+			dir = filepath.Dir(pgdata)
+		}
+		say("timing 8 KiB write + fdatasync in %s for 10s …", dir)
+		d, err := probeDisk(ctx, dir, 10*time.Second)
+		if err != nil {
+			return err
+		}
+		d.SameDevice = pgdata != "" && srv.Mode() == pgtest.ModeLocal && sameDevice(dir, pgdata)
+		b.res.Machine.Disk = d
+		say("disk: %s", d.line())
+	}
 
 	hist := newHistory(o.scaled(o.events), o.streams, o.active)
 	steps := []struct {

@@ -2,6 +2,7 @@ package main
 
 import (
 	"fmt"
+	"slices"
 	"strings"
 )
 
@@ -18,6 +19,9 @@ func (r *Results) markdown() string {
 	p("- **Date:** %s; commit %s; scale %g", r.Date, r.Commit, r.Scale)
 	p("- **Machine:** %d cores (%s), %.1f GiB memory, %s", m.Cores, m.CPU, m.MemoryGiB, m.Go)
 	p("- **PostgreSQL:** %s, %s mode (started by internal/pgtest on this machine), %s", m.Postgres, m.Mode, m.Settings)
+	if m.Disk != nil {
+		p("- **Disk:** %s", m.Disk.line())
+	}
 	p("- **Engine:** the real binary (`pgscribe run`) with %s; metrics listener off", m.Engine)
 	during := ""
 	if m.LoadDuring != "" {
@@ -70,6 +74,27 @@ func (r *Results) markdown() string {
 			p("Latency is commit to commit, read by PostgreSQL (`pg_xact_commit_timestamp` of the event's row and of its " +
 				"`account_activity` row), so no clock of the engine or of the bench enters it. CPU figures cover the step " +
 				"and the catch-up after it; PG CPU includes the producer's appends and the walsender's decoding.")
+			p("")
+		}
+		if slices.ContainsFunc(w.Latency, func(l LatencyRow) bool { return l.Paired != nil }) {
+			p("Paired with PostgreSQL's delivery, during the same steps: a consumer that only receives (a temporary " +
+				"pgoutput slot of its own on the engine's publication) was attached while the engine ran, and timed each " +
+				"event from its commit to its arrival. Per event, *PostgreSQL delivers* is that time and *pgscribe adds* " +
+				"is the commit of the event's read-model row less the consumer's arrival: the disk's fsync stalls and the " +
+				"machine's CPU contention at that moment fall in the first, the engine's queueing, rules and batch " +
+				"transaction in the second. (The consumer's walsender decodes the same WAL a second time, which the " +
+				"figures above include.)")
+			p("")
+			p("| producer rate | PostgreSQL delivers p50 ms | p99 ms | max ms | pgscribe adds p50 ms | p99 ms | max ms |")
+			p("|--:|--:|--:|--:|--:|--:|--:|")
+			for _, l := range w.Latency {
+				if l.Paired == nil {
+					continue
+				}
+				q := l.Paired
+				p("| %s/s | %.1f | %.1f | %.1f | %.1f | %.1f | %.1f |", thousands(int64(l.TargetRate)),
+					q.FloorP50, q.FloorP99, q.FloorMax, q.AddsP50, q.AddsP99, q.AddsMax)
+			}
 			p("")
 		}
 		if len(w.Floor) > 0 {
@@ -212,6 +237,12 @@ func (r *Results) summary(p func(string, ...any)) {
 			case 5000:
 				atMost("W4 at 5k events/s, p50", l.P50, 3, " ms")
 				atMost("W4 at 5k events/s, p99", l.P99, 15, " ms")
+			}
+		}
+		for _, l := range w.Latency {
+			if l.TargetRate == 5000 && l.Paired != nil {
+				goals = append(goals, goal{"W4 at 5k events/s, of the same events: PostgreSQL delivers p50 / p99; pgscribe adds p50 / p99",
+					fmt.Sprintf("%.1f / %.1f; %.1f / %.1f ms", l.Paired.FloorP50, l.Paired.FloorP99, l.Paired.AddsP50, l.Paired.AddsP99), "—", "context"})
 			}
 		}
 		for _, f := range w.Floor {

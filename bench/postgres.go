@@ -76,6 +76,21 @@ func startServer(ctx context.Context, mode string, extra map[string]string, logf
 	return s, nil
 }
 
+// dataDirectory is the server's data_directory, or "" when it cannot be
+// read.
+func (s *server) dataDirectory(ctx context.Context) string {
+	conn, err := pgx.Connect(ctx, s.AdminDSN())
+	if err != nil {
+		return ""
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	var dir string
+	if err := conn.QueryRow(ctx, "SHOW data_directory").Scan(&dir); err != nil {
+		return ""
+	}
+	return dir
+}
+
 func isPostgres(pid int) bool {
 	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/comm", pid))
 	return err == nil && strings.TrimSpace(string(b)) == "postgres"

@@ -30,18 +30,19 @@ type Results struct {
 
 // Machine describes where the run happened.
 type Machine struct {
-	Cores      int     `json:"cores"`
-	CPU        string  `json:"cpu"`
-	MemoryGiB  float64 `json:"memory_gib"`
-	Postgres   string  `json:"postgres"`
-	Mode       string  `json:"mode"`
-	Settings   string  `json:"settings"`
-	PGCPU      bool    `json:"pg_cpu_measured"`
-	Engine     string  `json:"engine"`
-	Go         string  `json:"go"`
-	LoadBefore string  `json:"load_before"`
-	LoadAfter  string  `json:"load_after"`
-	LoadDuring string  `json:"load_during,omitempty"` // the 1-minute load, sampled through the run
+	Cores      int        `json:"cores"`
+	CPU        string     `json:"cpu"`
+	MemoryGiB  float64    `json:"memory_gib"`
+	Postgres   string     `json:"postgres"`
+	Mode       string     `json:"mode"`
+	Settings   string     `json:"settings"`
+	PGCPU      bool       `json:"pg_cpu_measured"`
+	Engine     string     `json:"engine"`
+	Go         string     `json:"go"`
+	LoadBefore string     `json:"load_before"`
+	LoadAfter  string     `json:"load_after"`
+	LoadDuring string     `json:"load_during,omitempty"` // the 1-minute load, sampled through the run
+	Disk       *DiskProbe `json:"disk,omitempty"`
 }
 
 // Workload is one workload's figures.
@@ -98,7 +99,21 @@ type LatencyRow struct {
 	PGCPUPerEvent float64 `json:"pg_cpu_us_per_event"`
 	PeakRSSMB     float64 `json:"peak_rss_mb"`
 	OtherCores    float64 `json:"other_cores"`
+	Paired        *Paired `json:"paired,omitempty"`
 	Load          string  `json:"load"`
+}
+
+// Paired is a W4 step seen by a consumer that only receives, attached
+// during the engine's step: per event, PostgreSQL's delivery (commit to
+// the consumer's arrival) and what pgscribe adds (the commit of the
+// event's read-model row less that arrival), in ms.
+type Paired struct {
+	FloorP50 float64 `json:"floor_p50_ms"`
+	FloorP99 float64 `json:"floor_p99_ms"`
+	FloorMax float64 `json:"floor_max_ms"`
+	AddsP50  float64 `json:"adds_p50_ms"`
+	AddsP99  float64 `json:"adds_p99_ms"`
+	AddsMax  float64 `json:"adds_max_ms"`
 }
 
 // MemoryRow is the engine's peak RSS over one backfill.

@@ -364,7 +364,7 @@ func (b *bench) catchUp(ctx context.Context, hist history) error {
 	// written; it streams only after the engine's run.
 	var slot *floorSlot
 	if b.opts.refs {
-		if slot, err = createFloorSlot(ctx, db.dsn); err != nil {
+		if slot, err = createFloorSlot(ctx, db.dsn, "pgscribe_bench_decode"); err != nil {
 			return err
 		}
 		defer func() { slot.conn.Close(context.WithoutCancel(ctx)) }()
