@@ -9,6 +9,7 @@
 package deadletter
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -52,7 +53,10 @@ type Row struct {
 
 // FromEvent builds the dead letter of ev for a projection version. The event's
 // original JSON text is kept when it has it; otherwise its decoded documents
-// are encoded again.
+// are encoded again. A document that jsonb cannot hold (the text of a json
+// or text events column that is not JSON: a "decode" dead letter) is kept
+// as a JSON string of its text, so that the dead letter can be written and
+// shows what the event held.
 func FromEvent(projection string, version int64, ev *event.Event, kind, message string) Row {
 	return Row{
 		Projection:     projection,
@@ -71,14 +75,49 @@ func FromEvent(projection string, version int64, ev *event.Event, kind, message 
 }
 
 func rawJSON(raw []byte, doc map[string]any) []byte {
-	if len(raw) > 0 || doc == nil {
-		return raw
+	if len(raw) > 0 {
+		if json.Valid(raw) && !jsonbRejects(raw) {
+			return raw
+		}
+		// Not JSON, or JSON that jsonb rejects: the text as a JSON string
+		// (invalid UTF-8 becomes U+FFFD).
+		b, _ := json.Marshal(string(raw))
+		return b
+	}
+	if doc == nil {
+		return nil
 	}
 	b, err := json.Marshal(doc)
 	if err != nil {
 		return nil // decoded jsonb always encodes; keep the row rather than fail the batch
 	}
 	return b
+}
+
+// jsonbRejects reports whether valid JSON has an escape that jsonb does not
+// take: \u0000, or (erring on the safe side) any surrogate escape, since a
+// lone one is refused. Such text comes only from a json or text column.
+func jsonbRejects(raw []byte) bool {
+	for i := bytes.Index(raw, []byte(`\u`)); i >= 0 && i+6 <= len(raw); {
+		// An escaped backslash before the u is not an escape; counting the
+		// backslashes in front tells.
+		n := 0
+		for j := i; j >= 0 && raw[j] == '\\'; j-- {
+			n++
+		}
+		if n%2 == 1 {
+			v, err := strconv.ParseUint(string(raw[i+2:i+6]), 16, 16)
+			if err == nil && (v == 0 || (v >= 0xD800 && v <= 0xDFFF)) {
+				return true
+			}
+		}
+		k := bytes.Index(raw[i+2:], []byte(`\u`))
+		if k < 0 {
+			break
+		}
+		i += 2 + k
+	}
+	return false
 }
 
 // Insert writes rows in one statement. Pass the batch transaction. Error

@@ -23,6 +23,17 @@ func TestDeadLetterFromEvent(t *testing.T) {
 			event.Event{Data: map[string]any{"n": int64(9007199254740993)}, Metadata: map[string]any{}},
 			`{"n":9007199254740993}`, `{}`},
 		{"nothing", event.Event{}, "", ""},
+		{"text that is not JSON kept as a JSON string",
+			event.Event{RawData: []byte(`{"amount": 5,`), RawMetadata: []byte("plain \"text\"\n")},
+			`"{\"amount\": 5,"`, `"plain \"text\"\n"`},
+		{"JSON with a NUL escape (jsonb rejects it) kept as a JSON string",
+			event.Event{RawData: []byte(`{"a": "x\u0000y"}`)},
+			`"{\"a\": \"x\\u0000y\"}"`, ""},
+		{"invalid UTF-8 replaced", event.Event{RawData: []byte("a\xffb")}, `"a\ufffdb"`, ""},
+		{"a lone surrogate escape (jsonb rejects it) kept as a JSON string",
+			event.Event{RawData: []byte(`["\ud800"]`)}, `"[\"\\ud800\"]"`, ""},
+		{"an escaped backslash before u0000 is JSON jsonb takes",
+			event.Event{RawData: []byte(`{"path": "C:\\u0000"}`)}, `{"path": "C:\\u0000"}`, ""},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

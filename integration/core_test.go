@@ -174,18 +174,7 @@ func TestPoisonEventDeadLettered(t *testing.T) {
 	}
 
 	// The stream went on past its poison: opening 100 + 7 + 11.
-	var balance, cursorPos, applied, dead int64
-	err := r.pool.QueryRow(ctx, `SELECT b.balance, c.stream_position, c.applied, c.dead_lettered
-		FROM balances b, pgscribe.cursors c
-		WHERE b.account_id = 'acct-p1' AND c.projection = 'balances' AND c.version = 1 AND c.stream_id = 'acct-p1'`).
-		Scan(&balance, &cursorPos, &applied, &dead)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if balance != 118 || cursorPos != last.streamPosition || applied != 3 || dead != 3 {
-		t.Errorf("acct-p1: balance %d, cursor at %d, %d applied, %d dead-lettered; want 118, %d, 3, 3",
-			balance, cursorPos, applied, dead, last.streamPosition)
-	}
+	r.checkAccount(ctx, "acct-p1", 118, last.streamPosition, 3, 3)
 	if n := r.queryInt(ctx, `SELECT count(*) FROM balances WHERE account_id = 'acct-p2'`); n != 0 {
 		t.Errorf("acct-p2, whose opening was dead-lettered, has %d balances rows", n)
 	}
@@ -193,6 +182,83 @@ func TestPoisonEventDeadLettered(t *testing.T) {
 		t.Errorf("balances cursors count %d dead-lettered events, want %d", n, len(poisons))
 	}
 	s.terminate(time.Minute)
+}
+
+// TestDecodeErrorDeadLettered: with a text events.data column (possible
+// with json or text), an event whose data is not JSON is dead-lettered as
+// "decode" with a readable reason and its text, in the backfill and live,
+// and its stream goes on past it.
+func TestDecodeErrorDeadLettered(t *testing.T) {
+	bal := balancesProjection()
+	r := newRig(t, []coreProjection{bal}, nil)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	r.exec(ctx, "ALTER TABLE events ALTER COLUMN data TYPE text USING data::text")
+	type bad struct {
+		ev   appended
+		text string
+	}
+	appendText := func(typ, text string) bad {
+		t.Helper()
+		e := appended{stream: "acct-d1", typ: typ, data: []byte(text)}
+		err := r.pool.QueryRow(ctx, `INSERT INTO events (stream_id, stream_position, type, data)
+			SELECT $1, coalesce(max(stream_position), 0) + 1, $2, $3::text FROM events WHERE stream_id = $1
+			RETURNING id::text, position, stream_position`, e.stream, typ, text).Scan(&e.id, &e.position, &e.streamPosition)
+		if err != nil {
+			t.Fatalf("append %s: %v", typ, err)
+		}
+		return bad{e, text}
+	}
+	r.appendEvent(ctx, nil, "acct-d1", typeOpened, map[string]any{"account_id": "acct-d1", "owner": "d1", "initial": 100})
+	bads := []bad{appendText(typeDeposited, `{"account_id": "acct-d1", "amount": 5`)}
+	r.appendEvent(ctx, nil, "acct-d1", typeDeposited, map[string]any{"account_id": "acct-d1", "amount": 7})
+
+	s := r.start()
+	r.waitCaughtUp(2 * time.Minute)
+	bads = append(bads, appendText(typeWithdrawn, "not JSON at all: \\u0000 \"quoted\""))
+	last := r.appendEvent(ctx, nil, "acct-d1", typeDeposited, map[string]any{"account_id": "acct-d1", "amount": 11})
+	r.waitCaughtUp(time.Minute)
+
+	for _, b := range bads {
+		var kind, message, text string
+		err := r.pool.QueryRow(ctx, `SELECT error_kind, error_message, event_data #>> '{}'
+			FROM pgscribe.dead_letters WHERE projection = 'balances' AND version = 1 AND event_id = $1`, b.ev.id).
+			Scan(&kind, &message, &text)
+		if err != nil {
+			t.Errorf("dead letter of %s/%d: %v", b.ev.stream, b.ev.streamPosition, err)
+			continue
+		}
+		if kind != "decode" || !strings.Contains(message, b.ev.id+" data:") {
+			t.Errorf("%s/%d: error_kind %q, error_message %q; want decode, naming the event's data",
+				b.ev.stream, b.ev.streamPosition, kind, message)
+		}
+		if text != b.text {
+			t.Errorf("%s/%d: event_data holds %q, want the event's text %q", b.ev.stream, b.ev.streamPosition, text, b.text)
+		}
+		t.Logf("dead letter %s/%d: %s: %s", b.ev.stream, b.ev.streamPosition, kind, message)
+	}
+	// The stream went on past what it could not decode: 100 + 7 + 11.
+	r.checkAccount(ctx, "acct-d1", 118, last.streamPosition, 3, 2)
+	s.terminate(time.Minute)
+}
+
+// checkAccount compares an account's balance and its stream's balances v1
+// cursor (position reached, events applied and dead-lettered) with what
+// the test expects.
+func (r *rig) checkAccount(ctx context.Context, account string, balance, cursorPos, applied, dead int64) {
+	r.t.Helper()
+	var b, c, a, d int64
+	err := r.pool.QueryRow(ctx, `SELECT b.balance, c.stream_position, c.applied, c.dead_lettered
+		FROM balances b, pgscribe.cursors c
+		WHERE b.account_id = $1 AND c.projection = 'balances' AND c.version = 1 AND c.stream_id = $1`, account).
+		Scan(&b, &c, &a, &d)
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	if b != balance || c != cursorPos || a != applied || d != dead {
+		r.t.Errorf("%s: balance %d, cursor at %d, %d applied, %d dead-lettered; want %d, %d, %d, %d",
+			account, b, c, a, d, balance, cursorPos, applied, dead)
+	}
 }
 
 func sameJSON(t *testing.T, a, b string) bool {
