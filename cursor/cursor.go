@@ -136,7 +136,7 @@ VALUES ($1, $2, NULLIF($3, ''), $4::pg_lsn, $5, $6, coalesce(NULLIF($7, ''), 'ba
 ON CONFLICT (projection, version) DO UPDATE SET
   slot_name      = coalesce(excluded.slot_name, w.slot_name),
   lsn            = GREATEST(w.lsn, excluded.lsn),
-  position       = CASE WHEN w.lsn IS NULL OR excluded.lsn >= w.lsn THEN excluded.position ELSE w.position END,
+  position       = CASE WHEN w.lsn IS NULL OR excluded.lsn >= w.lsn THEN GREATEST(w.position, excluded.position) ELSE w.position END,
   commit_time    = CASE WHEN w.lsn IS NULL OR excluded.lsn >= w.lsn THEN excluded.commit_time ELSE w.commit_time END,
   phase          = coalesce(NULLIF($7, ''), w.phase),
   backfill_total = coalesce(excluded.backfill_total, w.backfill_total),
@@ -276,8 +276,10 @@ func (s *Store) LoadWatermark(ctx context.Context, q Querier) (Watermark, bool, 
 
 // SaveWatermark upserts the version's watermark. LSN never moves backwards:
 // when w.LSN is below the stored one, LSN, Position and CommitTime stay as
-// stored (at an equal LSN, Position and CommitTime are replaced, which is how
-// backfill progress is recorded at LSN 0). An empty SlotName or Phase keeps
+// stored (at an equal LSN, CommitTime is replaced, which is how backfill
+// progress is recorded at LSN 0). Position never moves backwards either: a
+// save at a later LSN with a lower Position (a restarted process that has
+// seen no event yet) keeps the stored one. An empty SlotName or Phase keeps
 // the stored value (Phase defaults to backfilling on the first save), and so
 // does a zero BackfillTotal or BackfillDone; SetPhase sets all three exactly.
 func (s *Store) SaveWatermark(ctx context.Context, q Querier, w Watermark) error {

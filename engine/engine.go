@@ -257,7 +257,7 @@ type sink struct {
 
 func (s *sink) Begin(_ event.LSN, t time.Time) uint64 { return s.tracker.Begin(t) }
 func (s *sink) Event(ctx context.Context, tok uint64, ev *event.Event) error {
-	s.tracker.Add(tok)
+	s.tracker.Add(tok, ev.Position)
 	if err := s.parts.Dispatch(ctx, apply.Input{Event: ev, Token: tok}); err != nil {
 		s.tracker.Done(tok, 1) // not taken: it will be offered again
 		return err
@@ -490,7 +490,7 @@ func (p *Projection) backfill(ctx context.Context, replConn *pgconn.PgConn, src 
 		}
 		tok := tracker.Begin(time.Time{})
 		for _, ev := range evs {
-			tracker.Add(tok)
+			tracker.Add(tok, ev.Position)
 			if err := parts.Dispatch(ctx, apply.Input{Event: ev, Token: tok}); err != nil {
 				return err
 			}
@@ -573,7 +573,7 @@ func (p *Projection) saveWatermark(ctx context.Context, pool *pgxpool.Pool, stor
 	err := p.fenced(ctx, pool, lease, func(tx pgx.Tx) error {
 		// Phase is left as stored: only backfill's SetPhase moves it, after
 		// every snapshot event committed.
-		return store.SaveWatermark(ctx, tx, cursor.Watermark{SlotName: p.slot, LSN: lsn, CommitTime: ct})
+		return store.SaveWatermark(ctx, tx, cursor.Watermark{SlotName: p.slot, LSN: lsn, Position: tracker.Position(), CommitTime: ct})
 	})
 	if err != nil && ctx.Err() == nil {
 		p.log.Warn("save watermark", "err", err)

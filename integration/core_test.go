@@ -56,6 +56,19 @@ func TestBackfillThenLive(t *testing.T) {
 		t.Logf("%d events committed before an event of lower position", n)
 	}
 	s.terminate(time.Minute)
+	// A graceful stop records the watermark: everything was applied, so its
+	// position is the highest in the table.
+	for _, p := range r.projs {
+		var wm, top int64
+		err := r.pool.QueryRow(ctx, `SELECT coalesce(w.position, 0), (SELECT max(position) FROM events)
+			FROM pgscribe.watermarks w WHERE w.projection = $1 AND w.version = $2`, p.name, p.version).Scan(&wm, &top)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if wm != top {
+			t.Errorf("%s: watermarks.position %d after a graceful stop, want the highest position %d", p.name, wm, top)
+		}
+	}
 }
 
 // TestTwoProjectionsExact runs two projections over the same events, the

@@ -588,6 +588,14 @@ func TestCursorWatermark(t *testing.T) {
 	if w = load(); w.LSN != lsn+0x100000000 || w.Position != 950 || !w.CommitTime.Equal(t2) || w.Phase != cursor.PhaseLive {
 		t.Errorf("watermark did not move forward: %+v", w)
 	}
+	// A restarted engine that has seen no event yet saves position 0 with
+	// the server's later WAL end: the position stays.
+	if err := store.SaveWatermark(ctx, pool, cursor.Watermark{LSN: lsn + 0x200000000, CommitTime: t2}); err != nil {
+		t.Fatal(err)
+	}
+	if w = load(); w.LSN != lsn+0x200000000 || w.Position != 950 {
+		t.Errorf("a later LSN without events moved the position back: %+v", w)
+	}
 
 	if err := store.SetPhase(ctx, pool, "finished", 0, 0); err == nil {
 		t.Error("SetPhase accepted an unknown phase")

@@ -28,12 +28,14 @@ type Tracker struct {
 	next      uint64
 	watermark event.LSN
 	wmTime    time.Time
+	wmPos     int64
 	idle      chan struct{} // closed when nothing is pending; replaced when work arrives
 }
 
 type txn struct {
 	endLSN     event.LSN
 	commitTime time.Time
+	maxPos     int64 // highest event position registered
 	pending    int
 	sealed     bool
 }
@@ -68,11 +70,13 @@ func (t *Tracker) busy() {
 	}
 }
 
-// Add counts one more in-flight event of the transaction.
-func (t *Tracker) Add(tok uint64) {
+// Add counts one more in-flight event of the transaction, at position
+// pos of the events table.
+func (t *Tracker) Add(tok uint64, pos int64) {
 	t.mu.Lock()
 	if x := t.txns[tok]; x != nil {
 		x.pending++
+		x.maxPos = max(x.maxPos, pos)
 	}
 	t.mu.Unlock()
 }
@@ -113,6 +117,7 @@ func (t *Tracker) advance() {
 		if !x.commitTime.IsZero() {
 			t.wmTime = x.commitTime
 		}
+		t.wmPos = max(t.wmPos, x.maxPos)
 		delete(t.txns, tok)
 		t.head++
 	}
@@ -135,6 +140,17 @@ func (t *Tracker) Watermark() (lsn event.LSN, commitTime time.Time, idle bool) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	return t.watermark, t.wmTime, t.head == len(t.order)
+}
+
+// Position returns the highest events position among the events of the
+// transactions below the watermark that this tracker saw (0 before any).
+// Positions are assigned when rows are inserted, not in commit order, so a
+// lower position can still be above the watermark: this says how far the
+// projection has got, not that every lower position is accounted for.
+func (t *Tracker) Position() int64 {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.wmPos
 }
 
 // Oldest returns the commit time of the oldest transaction not yet fully

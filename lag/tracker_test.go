@@ -12,17 +12,17 @@ import (
 func TestTrackerContiguous(t *testing.T) {
 	tr := NewTracker(100)
 	a := tr.Begin(time.Unix(1, 0))
-	tr.Add(a)
-	tr.Add(a)
+	tr.Add(a, 12)
+	tr.Add(a, 11)
 	tr.Seal(a, 200)
 	b := tr.Begin(time.Unix(2, 0))
-	tr.Add(b)
+	tr.Add(b, 10) // a lower position committed later
 	tr.Seal(b, 300)
 
 	// b finishes first: the watermark must not pass a.
 	tr.Done(b, 1)
-	if wm, _, idle := tr.Watermark(); wm != 100 || idle {
-		t.Fatalf("watermark = %v idle=%v, want 100 busy", wm, idle)
+	if wm, _, idle := tr.Watermark(); wm != 100 || idle || tr.Position() != 0 {
+		t.Fatalf("watermark = %v idle=%v position %d, want 100 busy 0", wm, idle, tr.Position())
 	}
 	if ts, ok := tr.Oldest(); !ok || !ts.Equal(time.Unix(1, 0)) {
 		t.Fatalf("oldest = %v %v", ts, ok)
@@ -36,6 +36,9 @@ func TestTrackerContiguous(t *testing.T) {
 	if wm != 300 || !idle || !ct.Equal(time.Unix(2, 0)) {
 		t.Fatalf("watermark = %v %v idle=%v, want 300", wm, ct, idle)
 	}
+	if p := tr.Position(); p != 12 {
+		t.Fatalf("position = %d, want 12 (the highest below the watermark)", p)
+	}
 	if _, ok := tr.Oldest(); ok {
 		t.Fatal("oldest reported while caught up")
 	}
@@ -44,7 +47,7 @@ func TestTrackerContiguous(t *testing.T) {
 func TestTrackerUnsealedBlocks(t *testing.T) {
 	tr := NewTracker(0)
 	a := tr.Begin(time.Now())
-	tr.Add(a)
+	tr.Add(a, 0)
 	tr.Done(a, 1) // all events applied but the commit message not yet read
 	if wm, _, idle := tr.Watermark(); wm != 0 || idle {
 		t.Fatalf("unsealed txn advanced the watermark to %v (idle=%v)", wm, idle)
@@ -61,7 +64,7 @@ func TestTrackerIdleAdvance(t *testing.T) {
 		t.Fatal("idle advance refused")
 	}
 	a := tr.Begin(time.Now())
-	tr.Add(a)
+	tr.Add(a, 0)
 	if tr.Advance(30) {
 		t.Fatal("advanced past an in-flight transaction")
 	}
@@ -81,7 +84,7 @@ func TestTrackerWaitIdleConcurrent(t *testing.T) {
 	toks := make([]uint64, n)
 	for i := range toks {
 		toks[i] = tr.Begin(time.Time{})
-		tr.Add(toks[i])
+		tr.Add(toks[i], 0)
 		tr.Seal(toks[i], event.LSN(i+1))
 	}
 	var wg sync.WaitGroup
