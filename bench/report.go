@@ -103,17 +103,20 @@ type LatencyRow struct {
 	Load          string  `json:"load"`
 }
 
-// Paired is a W4 step seen by a consumer that only receives, attached
-// during the engine's step: per event, PostgreSQL's delivery (commit to
-// the consumer's arrival) and what pgscribe adds (the commit of the
-// event's read-model row less that arrival), in ms.
+// Paired is a W4 rate run again with a consumer that only receives
+// attached: per event, PostgreSQL's delivery (commit to the consumer's
+// arrival) and what pgscribe adds (the commit of the event's read-model row
+// less that arrival), and the engine's own latency in that run, in ms.
 type Paired struct {
-	FloorP50 float64 `json:"floor_p50_ms"`
-	FloorP99 float64 `json:"floor_p99_ms"`
-	FloorMax float64 `json:"floor_max_ms"`
-	AddsP50  float64 `json:"adds_p50_ms"`
-	AddsP99  float64 `json:"adds_p99_ms"`
-	AddsMax  float64 `json:"adds_max_ms"`
+	EngineP50   float64 `json:"engine_p50_ms"`
+	EngineP99   float64 `json:"engine_p99_ms"`
+	EngineMax   float64 `json:"engine_max_ms"`
+	DeliversP50 float64 `json:"delivers_p50_ms"`
+	DeliversP99 float64 `json:"delivers_p99_ms"`
+	DeliversMax float64 `json:"delivers_max_ms"`
+	AddsP50     float64 `json:"adds_p50_ms"`
+	AddsP99     float64 `json:"adds_p99_ms"`
+	AddsMax     float64 `json:"adds_max_ms"`
 }
 
 // MemoryRow is the engine's peak RSS over one backfill.
