@@ -566,6 +566,9 @@ func (p *Projection) fenced(ctx context.Context, pool *pgxpool.Pool, lease *lead
 }
 
 func (p *Projection) saveWatermark(ctx context.Context, pool *pgxpool.Pool, store *cursor.Store, lease *leader.Lease, tracker *lag.Tracker) {
+	// Position first: both only grow, so the position read before the
+	// watermark belongs to transactions at or below it.
+	pos := tracker.Position()
 	lsn, ct, _ := tracker.Watermark()
 	if lsn == 0 {
 		return
@@ -573,7 +576,7 @@ func (p *Projection) saveWatermark(ctx context.Context, pool *pgxpool.Pool, stor
 	err := p.fenced(ctx, pool, lease, func(tx pgx.Tx) error {
 		// Phase is left as stored: only backfill's SetPhase moves it, after
 		// every snapshot event committed.
-		return store.SaveWatermark(ctx, tx, cursor.Watermark{SlotName: p.slot, LSN: lsn, Position: tracker.Position(), CommitTime: ct})
+		return store.SaveWatermark(ctx, tx, cursor.Watermark{SlotName: p.slot, LSN: lsn, Position: pos, CommitTime: ct})
 	})
 	if err != nil && ctx.Err() == nil {
 		p.log.Warn("save watermark", "err", err)
