@@ -819,7 +819,7 @@ func TestCLICheck(t *testing.T) {
 
 	e.setup(cfg)
 	r = e.mustRun(0, "check", "-config", cfg)
-	if !strings.Contains(r.stdout, "ok (1 projections; databases checked)") {
+	if !strings.Contains(r.stdout, "ok (1 projection; databases checked)") {
 		t.Errorf("correct setup: %s", r)
 	}
 
