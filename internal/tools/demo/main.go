@@ -34,7 +34,7 @@ func main() {
 	bin := flag.String("bin", "bin/pgscribe", "pgscribe binary")
 	cfgPath := flag.String("config", "config.toml.example", "configuration for the engine")
 	schema := flag.String("schema", "examples/demo/schema.sql", "read-model tables")
-	rate := flag.Int("rate", 50, "events appended per second")
+	rate := flag.Int("rate", 50, "events appended per second once the backfill is done (0 = none)")
 	duration := flag.Duration("duration", 0, "stop after this long (0 = until Ctrl-C)")
 	flag.Parse()
 	if err := run(*bin, *cfgPath, *schema, *rate, *duration); err != nil {
@@ -134,6 +134,7 @@ func run(bin, cfgPath, schemaPath string, rate int, duration time.Duration) erro
 	if err := engine.Start(); err != nil {
 		return err
 	}
+	say("engine started (pid %d)", engine.Process.Pid)
 	logged := make(chan struct{})
 	go func() { defer close(logged); prefix(logs, "  engine | ") }()
 	exited := make(chan error, 1)
@@ -146,8 +147,12 @@ func run(bin, cfgPath, schemaPath string, rate int, duration time.Duration) erro
 		if err := waitBackfilled(ctx, pool, cfg, exited); err != nil {
 			return err
 		}
-		go w.live(ctx, rate)
-		say("appending ~%d events/s; metrics at http://%s/metrics — Ctrl-C to stop", rate, cfg.Metrics.Listen)
+		if rate > 0 {
+			go w.live(ctx, rate)
+			say("appending ~%d events/s; metrics at http://%s/metrics — Ctrl-C to stop", rate, cfg.Metrics.Listen)
+		} else {
+			say("appending nothing more (-rate 0); metrics at http://%s/metrics — Ctrl-C to stop", cfg.Metrics.Listen)
+		}
 		tick := time.NewTicker(3 * time.Second)
 		defer tick.Stop()
 		for {
@@ -167,7 +172,19 @@ func run(bin, cfgPath, schemaPath string, rate int, duration time.Duration) erro
 		return engineErr
 	}
 	// stopSig and stopAt were set before cancel: ctx.Done orders the reads.
-	return stopEngine(engine.Process, stopSig, stopAt, sigs, exited, cfg.Engine.ShutdownTimeout)
+	if err := stopEngine(engine.Process, stopSig, stopAt, sigs, exited, cfg.Engine.ShutdownTimeout); err != nil {
+		return err
+	}
+	// What the engine left, as an operator sees it.
+	say("$ pgscribe status -config %s", cfgPath)
+	sctx, scancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer scancel()
+	status := exec.CommandContext(sctx, bin, "status", "-config", cfgPath)
+	status.Env, status.Stdout, status.Stderr = env, os.Stdout, os.Stderr
+	if err := status.Run(); err != nil {
+		return fmt.Errorf("status: %w", err)
+	}
+	return nil
 }
 
 // dupWindow is how soon after a first signal a second one counts as the
