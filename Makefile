@@ -16,7 +16,7 @@ TEST_TIMEOUT ?= 25m
 # engine (the harness then uses local PostgreSQL binaries).
 PG_IMAGE_FILE := .cache/pg-image
 
-.PHONY: help build test test-unit vet pg-image demo bench clean
+.PHONY: help build test test-unit vet pg-image demo walkthrough bench clean
 
 help: ## list the targets
 	@awk 'BEGIN { FS = ":.*## " } /^[a-zA-Z_-]+:.*## / { printf "  %-10s %s\n", $$1, $$2 }' $(MAKEFILE_LIST)
@@ -70,6 +70,9 @@ demo: build ## a throwaway PostgreSQL, the demo read models, sample events and t
 	$(GO) build -o bin/demo ./internal/tools/demo
 	PGSCRIBE_TEST_PG_IMAGE="$${PGSCRIBE_TEST_PG_IMAGE:-$$(cat $(PG_IMAGE_FILE) 2>/dev/null || true)}" \
 		bin/demo -bin bin/pgscribe -config config.toml.example -schema examples/demo/schema.sql
+
+walkthrough: ## the first hour as a script: CLI messages, make demo stopped by Ctrl-C and SIGTERM, nothing left behind (~1 min)
+	GO=$(GO) scripts/walkthrough.sh
 
 # Extra flags for the bench program, e.g. BENCH_FLAGS="-scale 0.1 -workloads W1,W4"
 # for a smoke run (quick runs write to bench/out/, never over bench/RESULTS.md).
