@@ -19,7 +19,7 @@ PG_IMAGE_FILE := .cache/pg-image
 .PHONY: help build test test-unit vet pg-image demo walkthrough bench clean
 
 help: ## list the targets
-	@awk 'BEGIN { FS = ":.*## " } /^[a-zA-Z_-]+:.*## / { printf "  %-10s %s\n", $$1, $$2 }' $(MAKEFILE_LIST)
+	@awk 'BEGIN { FS = ":.*## " } /^[a-zA-Z_-]+:.*## / { printf "  %-12s %s\n", $$1, $$2 }' $(MAKEFILE_LIST)
 
 # What `pgscribe version` prints (empty values fall back to the VCS
 # information the go command embeds, or "unknown").
