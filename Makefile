@@ -25,7 +25,7 @@ help: ## list the targets
 # information the go command embeds, or "unknown").
 BUILD_VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 BUILD_COMMIT ?= $(shell git rev-parse HEAD 2>/dev/null)
-BUILD_DATE ?= $(shell git log -1 --format=%cI 2>/dev/null)
+BUILD_DATE ?= $(shell TZ=UTC git log -1 --date=format-local:%Y-%m-%dT%H:%M:%SZ --format=%cd 2>/dev/null)
 LDFLAGS := -X main.version=$(BUILD_VERSION) -X main.commit=$(BUILD_COMMIT) -X main.commitDate=$(BUILD_DATE)
 
 build: ## build bin/pgscribe
