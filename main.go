@@ -11,6 +11,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"io/fs"
 	"log/slog"
 	"os"
 	"os/signal"
@@ -23,8 +24,16 @@ import (
 	"github.com/pgscribe/pgscribe/engine"
 )
 
-// version is set at build time with -ldflags "-X main.version=…".
-var version = "dev"
+// version, commit and commitDate are set at build time by `make build` and
+// the Dockerfile (-ldflags "-X main.version=… -X main.commit=…
+// -X main.commitDate=…"). A plain `go build` in a git clone leaves commit
+// and commitDate empty and the binary reads them from its embedded VCS
+// information instead (see buildInfo).
+var (
+	version    = "dev"
+	commit     = ""
+	commitDate = ""
+)
 
 const usage = `pgscribe keeps read-model tables up to date from a PostgreSQL events table.
 
@@ -124,7 +133,7 @@ func run(args []string, stdout, stderr io.Writer) error {
 		if err := parse(fs, rest); err != nil {
 			return err
 		}
-		fmt.Fprintln(stdout, "pgscribe", version)
+		writeVersion(stdout)
 		return nil
 	case "help", "-h", "-help", "--help":
 		fmt.Fprint(stdout, usage)
@@ -169,7 +178,7 @@ func run(args []string, stdout, stderr io.Writer) error {
 			return &exitError{code: 2, err: err}
 		}
 		if *offline || cfg.RequireDatabase() != nil {
-			fmt.Fprintf(stdout, "%s: ok (%d projections; databases not checked)\n", cfg.Path, len(cfg.Projections))
+			fmt.Fprintf(stdout, "%s: ok (%s; databases not checked)\n", cfg.Path, projections(len(cfg.Projections)))
 			return nil
 		}
 		ctx, stop := signalContext()
@@ -177,7 +186,7 @@ func run(args []string, stdout, stderr io.Writer) error {
 		if err := engine.Check(ctx, cfg, progs, stdout); err != nil {
 			return err
 		}
-		fmt.Fprintf(stdout, "%s: ok (%d projections; databases checked)\n", cfg.Path, len(cfg.Projections))
+		fmt.Fprintf(stdout, "%s: ok (%s; databases checked)\n", cfg.Path, projections(len(cfg.Projections)))
 		return nil
 	case "status":
 		asJSON := fs.Bool("json", false, "print JSON")
@@ -242,8 +251,8 @@ func run(args []string, stdout, stderr io.Writer) error {
 		defer stop()
 		return engine.Reset(ctx, cfg, o, stdout)
 	default:
-		fmt.Fprint(stderr, usage)
-		return usageErr("unknown command %q", cmd)
+		// The error alone, not the usage: 38 lines on stderr scroll it away.
+		return usageErr("unknown command %q (run 'pgscribe help' for usage)", cmd)
 	}
 }
 
@@ -307,9 +316,20 @@ func signalContext() (context.Context, context.CancelFunc) {
 	return signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 }
 
+// projections is "1 projection" or "N projections".
+func projections(n int) string {
+	if n == 1 {
+		return "1 projection"
+	}
+	return fmt.Sprintf("%d projections", n)
+}
+
 // loadConfig loads and validates the configuration; errors exit 2.
 func loadConfig(flagPath string, stderr io.Writer, needDB bool) (*config.Config, *slog.Logger, error) {
 	cfg, err := config.Load(config.ConfigPath(flagPath))
+	if errors.Is(err, fs.ErrNotExist) {
+		err = fmt.Errorf("%w\n%s", err, missingConfigHint(flagPath))
+	}
 	if err != nil {
 		return nil, nil, &exitError{code: 2, err: err}
 	}
@@ -319,6 +339,21 @@ func loadConfig(flagPath string, stderr io.Writer, needDB bool) (*config.Config,
 		}
 	}
 	return cfg, newLogger(cfg, stderr), nil
+}
+
+// missingConfigHint says where the configuration path came from and how
+// to give another: a new user running `pgscribe status` in an empty
+// directory otherwise only learns that ./pgscribe.toml does not exist.
+func missingConfigHint(flagPath string) string {
+	from := "neither -config nor $" + config.EnvConfig + " is set"
+	switch {
+	case flagPath != "":
+		from = "the path is -config's"
+	case os.Getenv(config.EnvConfig) != "":
+		from = "the path is $" + config.EnvConfig + "'s"
+	}
+	return fmt.Sprintf("  (%s; pass the configuration with -config FILE or %s=FILE; config.toml.example is a complete example)",
+		from, config.EnvConfig)
 }
 
 func newLogger(cfg *config.Config, w io.Writer) *slog.Logger {

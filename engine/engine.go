@@ -11,6 +11,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -506,6 +507,16 @@ func (p *Projection) backfill(ctx context.Context, replConn *pgconn.PgConn, src 
 			})
 		}
 	}
+	// Backfill batches carry no commit time; the snapshot's newest commit
+	// stands for the commit time at the watermark (status's COMMITTED, the
+	// watermark commit timestamp metric), which would stay unknown until a
+	// live event arrived. An empty transaction after the batches sets it
+	// once they are all accounted for.
+	if ct, err := snapshotCommitTime(ctx, snapConn, p.cfg.Source); err != nil {
+		p.log.Warn("commit time of the snapshot's newest events unknown", "err", err)
+	} else if !ct.IsZero() {
+		tracker.Seal(tracker.Begin(ct), 0)
+	}
 	if err := tracker.WaitIdle(ctx); err != nil {
 		return err
 	}
@@ -520,6 +531,29 @@ func (p *Projection) backfill(ctx context.Context, replConn *pgconn.PgConn, src 
 		"events_per_second", int64(float64(done)/max(el.Seconds(), 1e-9)))
 	return nil
 }
+
+// snapshotCommitTime returns the newest commit time among the last
+// snapshotCommitScan events (by position) that conn sees, zero when
+// track_commit_timestamp is off or the times are gone (rows older than the
+// setting, or frozen). conn is the backfill's snapshot connection: the
+// query runs in its open snapshot transaction. Positions are assigned at
+// insert, not in commit order; the scan covers that reordering.
+func snapshotCommitTime(ctx context.Context, conn *pgx.Conn, src config.Source) (time.Time, error) {
+	table := pgx.Identifier(strings.Split(src.Table, ".")).Sanitize()
+	pos := pgx.Identifier{src.Columns.Position}.Sanitize()
+	var ct *time.Time
+	err := conn.QueryRow(ctx, `SELECT CASE WHEN current_setting('track_commit_timestamp') = 'on' THEN
+  (SELECT max(pg_xact_commit_timestamp(xmin)) FROM (SELECT xmin FROM `+table+` ORDER BY `+pos+` DESC LIMIT $1) AS e) END`,
+		snapshotCommitScan).Scan(&ct)
+	if err != nil || ct == nil {
+		return time.Time{}, err
+	}
+	return *ct, nil
+}
+
+// snapshotCommitScan is how many of the snapshot's newest events
+// snapshotCommitTime reads.
+const snapshotCommitScan = 1000
 
 func (p *Projection) logProgress(done, total int64, started time.Time) {
 	el := time.Since(started).Seconds()

@@ -685,11 +685,14 @@ func TestCLIStatus(t *testing.T) {
 
 	p := e.start(cfg)
 	var live cliStatus
+	// After the backfill alone the watermark has a commit time: the
+	// snapshot's newest commit (track_commit_timestamp is on).
 	waitFor(t, 2*time.Minute, "status to show balances live and caught up", func() bool {
 		p.requireRunning()
 		live = e.status(cfg)
 		ps := live.Projections[0]
-		return ps.State == "live" && ps.BacklogEvents == 0 && ps.Watermark != nil && ps.Watermark.LSN != "0/0"
+		return ps.State == "live" && ps.BacklogEvents == 0 && ps.Watermark != nil && ps.Watermark.LSN != "0/0" &&
+			ps.Watermark.CommitTime != nil
 	})
 	ps = live.Projections[0]
 	if ps.Node != "cli-node" || ps.LockPID == 0 || !ps.Slot.Exists || ps.Slot.ActivePID == 0 || ps.Slot.Confirmed == "" {
@@ -701,8 +704,8 @@ func TestCLIStatus(t *testing.T) {
 	}
 
 	// New events while live: applied, and status catches up. The
-	// watermark moves past the backfill's consistent point and gets a
-	// commit time once a streamed transaction is applied.
+	// watermark moves past the backfill's consistent point and takes the
+	// commit time of the streamed transactions.
 	e.moves(3, 16, 20)
 	waitFor(t, 2*time.Minute, "status to show the new events applied", func() bool {
 		p.requireRunning()
@@ -819,7 +822,7 @@ func TestCLICheck(t *testing.T) {
 
 	e.setup(cfg)
 	r = e.mustRun(0, "check", "-config", cfg)
-	if !strings.Contains(r.stdout, "ok (1 projections; databases checked)") {
+	if !strings.Contains(r.stdout, "ok (1 projection; databases checked)") {
 		t.Errorf("correct setup: %s", r)
 	}
 
