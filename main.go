@@ -18,6 +18,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/pgscribe/pgscribe/admin"
 	"github.com/pgscribe/pgscribe/config"
 	"github.com/pgscribe/pgscribe/deadletter"
 	"github.com/pgscribe/pgscribe/engine"
@@ -104,7 +105,7 @@ func exitCode(err error) int {
 	switch {
 	case errors.As(err, &ee):
 		return ee.code
-	case errors.Is(err, engine.ErrProblems), errors.Is(err, engine.ErrNotConfirmed):
+	case errors.Is(err, admin.ErrProblems), errors.Is(err, admin.ErrNotConfirmed):
 		return 2
 	}
 	return 1
@@ -154,7 +155,7 @@ func run(args []string, stdout, stderr io.Writer) error {
 		}
 		ctx, stop := signalContext()
 		defer stop()
-		return engine.Migrate(ctx, cfg, *eventsTable, log)
+		return admin.Migrate(ctx, cfg, *eventsTable, log)
 	case "check":
 		offline := fs.Bool("offline", false, "check the configuration and rules only, not the databases")
 		if err := parse(fs, rest); err != nil {
@@ -174,7 +175,7 @@ func run(args []string, stdout, stderr io.Writer) error {
 		}
 		ctx, stop := signalContext()
 		defer stop()
-		if err := engine.Check(ctx, cfg, progs, stdout); err != nil {
+		if err := admin.Check(ctx, cfg, progs, stdout); err != nil {
 			return err
 		}
 		fmt.Fprintf(stdout, "%s: ok (%d projections; databases checked)\n", cfg.Path, len(cfg.Projections))
@@ -193,7 +194,7 @@ func run(args []string, stdout, stderr io.Writer) error {
 		ctx, stop := signalContext()
 		defer stop()
 		for {
-			rep, err := engine.Status(ctx, cfg)
+			rep, err := admin.Status(ctx, cfg)
 			if err != nil {
 				if *watch && ctx.Err() != nil {
 					return nil
@@ -223,7 +224,7 @@ func run(args []string, stdout, stderr io.Writer) error {
 	case "deadletters":
 		return deadLetters(fs, configPath, rest, stdout, stderr)
 	case "reset":
-		var o engine.ResetOptions
+		var o admin.ResetOptions
 		fs.StringVar(&o.Projection, "projection", "", "projection `name` (required)")
 		fs.Int64Var(&o.Version, "version", 0, "projection `version` (required)")
 		fs.BoolVar(&o.Yes, "yes", false, "reset; without it, only print what would be reset")
@@ -240,7 +241,7 @@ func run(args []string, stdout, stderr io.Writer) error {
 		}
 		ctx, stop := signalContext()
 		defer stop()
-		return engine.Reset(ctx, cfg, o, stdout)
+		return admin.Reset(ctx, cfg, o, stdout)
 	default:
 		fmt.Fprint(stderr, usage)
 		return usageErr("unknown command %q", cmd)
@@ -282,9 +283,9 @@ func deadLetters(fs *flag.FlagSet, configPath *string, args []string, stdout, st
 	ctx, stop := signalContext()
 	defer stop()
 	if sub == "list" {
-		return engine.ListDeadLetters(ctx, cfg, f, *asJSON, stdout)
+		return admin.ListDeadLetters(ctx, cfg, f, *asJSON, stdout)
 	}
-	return engine.DeadLetterStats(ctx, cfg, f, *asJSON, stdout)
+	return admin.DeadLetterStats(ctx, cfg, f, *asJSON, stdout)
 }
 
 // parse parses a command's flags. -h prints them and ends the command

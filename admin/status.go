@@ -1,4 +1,4 @@
-package engine
+package admin
 
 import (
 	"context"
@@ -17,6 +17,7 @@ import (
 	"github.com/pgscribe/pgscribe/config"
 	"github.com/pgscribe/pgscribe/cursor"
 	"github.com/pgscribe/pgscribe/deadletter"
+	"github.com/pgscribe/pgscribe/engine"
 	"github.com/pgscribe/pgscribe/leader"
 	"github.com/pgscribe/pgscribe/migrations"
 )
@@ -75,9 +76,9 @@ type UnconfiguredSlot struct {
 // are null in JSON when the value is unknown or does not apply (no slot, no
 // watermark, not backfilling).
 type ProjectionStatus struct {
-	Projection string `json:"projection"`
-	Version    int64  `json:"version"`
-	State      State  `json:"state"`
+	Projection string       `json:"projection"`
+	Version    int64        `json:"version"`
+	State      engine.State `json:"state"`
 	// Node is the lease's node while its advisory lock is held; LockPID the
 	// target backend that holds it.
 	Node    string `json:"node,omitempty"`
@@ -350,7 +351,7 @@ func Status(ctx context.Context, cfg *config.Config) (*StatusReport, error) {
 		ps.State = deriveState(pid != 0, haveWM, wm.Phase, slot.ActivePID != 0)
 		if pid != 0 && haveLease && ls.haltedAt != nil {
 			// A halted engine keeps the lock and records why (engine.Run).
-			ps.State = StateHalted
+			ps.State = engine.StateHalted
 			ps.HaltedAt = ls.haltedAt
 			if ls.haltReason != nil {
 				ps.HaltReason = *ls.haltReason
@@ -373,7 +374,7 @@ func Status(ctx context.Context, cfg *config.Config) (*StatusReport, error) {
 		ps.DeadLetters = dl.Total
 		ps.BacklogEvents = max(rep.Events-(totals.Applied+totals.Skipped+totals.DeadLettered), 0)
 		ps.LagSeconds = lagSeconds(ps.State, ps.BacklogEvents, wm.CommitTime, rep.CheckedAt)
-		if ps.State == StateBackfilling {
+		if ps.State == engine.StateBackfilling {
 			var started time.Time
 			if haveLease {
 				started = ls.acquired
@@ -439,25 +440,25 @@ func parseSlotName(prefix, slot string) (string, int64, bool) {
 }
 
 // deriveState maps what the databases say to a state; see the file comment.
-func deriveState(locked, haveWatermark bool, phase string, streaming bool) State {
+func deriveState(locked, haveWatermark bool, phase string, streaming bool) engine.State {
 	switch {
 	case !locked:
-		return StateStopped
+		return engine.StateStopped
 	case !haveWatermark || phase != cursor.PhaseLive:
-		return StateBackfilling
+		return engine.StateBackfilling
 	case streaming:
-		return StateLive
+		return engine.StateLive
 	default:
-		return StateStarting
+		return engine.StateStarting
 	}
 }
 
 // lagSeconds is 0 when nothing is pending, the age of the watermark's commit
 // when events are, and unknown while backfilling or without a commit time.
-func lagSeconds(state State, backlog int64, commit, now time.Time) *float64 {
+func lagSeconds(state engine.State, backlog int64, commit, now time.Time) *float64 {
 	var s float64
 	switch {
-	case state == StateBackfilling:
+	case state == engine.StateBackfilling:
 		return nil
 	case backlog == 0:
 	case commit.IsZero():
@@ -495,7 +496,7 @@ func statusNotes(ps ProjectionStatus, haveWM bool, wmSlot string, hasCursors boo
 	switch {
 	case ps.Slot.WALStatus == "lost":
 		notes = append(notes, "the slot was invalidated (its WAL is gone): the next run resyncs from a new snapshot; cursors skip what was applied")
-	case !ps.Slot.Exists && hasCursors && ps.State != StateBackfilling:
+	case !ps.Slot.Exists && hasCursors && ps.State != engine.StateBackfilling:
 		notes = append(notes, "the slot is missing: the next run resyncs from a new snapshot; cursors skip what was applied")
 	case !ps.Slot.Exists && !hasCursors && !haveWM:
 		notes = append(notes, "never run: the next run creates the slot and backfills")
@@ -503,10 +504,10 @@ func statusNotes(ps ProjectionStatus, haveWM bool, wmSlot string, hasCursors boo
 	if haveWM && wmSlot != "" && wmSlot != ps.Slot.Name {
 		notes = append(notes, fmt.Sprintf("the watermark belongs to slot %q (slot_prefix changed?): the next run rebuilds", wmSlot))
 	}
-	if ps.State == StateHalted {
+	if ps.State == engine.StateHalted {
 		notes = append(notes, fmt.Sprintf("halted on node %s: %s — fix the cause, then restart pgscribe on that node; nothing of the failing batch was acknowledged", ps.Node, ps.HaltReason))
 	}
-	if ps.State == StateStopped && ps.Slot.Exists {
+	if ps.State == engine.StateStopped && ps.Slot.Exists {
 		notes = append(notes, "nothing runs it, and its slot retains WAL on the source until it runs again (or pgscribe reset drops it)")
 	}
 	return notes
@@ -616,7 +617,7 @@ func formatBytes(b int64) string {
 // width characters wide, for `pgscribe status -watch`.
 func (r *StatusReport) WriteProgress(w io.Writer, width int) error {
 	for _, p := range r.Projections {
-		if p.Backfill == nil || p.State != StateBackfilling {
+		if p.Backfill == nil || p.State != engine.StateBackfilling {
 			continue
 		}
 		if _, err := fmt.Fprintf(w, "%s v%d %s %s\n", p.Projection, p.Version,
