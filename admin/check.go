@@ -319,7 +319,7 @@ var otherKinds = map[string]string{
 func lookupTable(ctx context.Context, q querier, name string) (*tableInfo, error) {
 	ti := &tableInfo{cols: map[string]columnInfo{}}
 	var kind string
-	ident := pgx.Identifier(strings.Split(name, ".")).Sanitize()
+	ident := event.Table(name).Quoted()
 	err := q.QueryRow(ctx, `SELECT c.oid, c.relkind::text, n.nspname::text, c.relname::text
 FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace WHERE c.oid = to_regclass($1)`, ident).Scan(
 		&ti.oid, &kind, &ti.schema, &ti.name)

@@ -18,6 +18,7 @@ import (
 	"github.com/pgscribe/pgscribe/cursor"
 	"github.com/pgscribe/pgscribe/deadletter"
 	"github.com/pgscribe/pgscribe/engine"
+	"github.com/pgscribe/pgscribe/event"
 	"github.com/pgscribe/pgscribe/leader"
 	"github.com/pgscribe/pgscribe/migrations"
 )
@@ -303,7 +304,7 @@ func Status(ctx context.Context, cfg *config.Config) (*StatusReport, error) {
   ELSE pg_current_wal_lsn() END::text, now()`).Scan(&rep.SourceWAL, &rep.CheckedAt); err != nil {
 		return nil, fmt.Errorf("read source WAL position: %w", err)
 	}
-	table := pgx.Identifier(strings.Split(cfg.Source.Table, ".")).Sanitize()
+	table := event.Table(cfg.Source.Table).Quoted()
 	if err := c.source.QueryRow(ctx, "SELECT count(*) FROM "+table).Scan(&rep.Events); err != nil {
 		return nil, fmt.Errorf("count events in %s: %w", table, err)
 	}

@@ -35,7 +35,7 @@ type Fence interface {
 	// The batch transaction sends it right after its BEGIN.
 	CheckStatement() (sql string, args []any)
 	// CheckFailed explains a failure of the check statement: an error
-	// wrapping ErrFenced when the lease changed or is gone.
+	// wrapping event.ErrFenced when the lease changed or is gone.
 	CheckFailed(err error) error
 }
 
@@ -235,7 +235,7 @@ func (c *Committer) commit(ctx context.Context, batch []Input, part *partition, 
 			return res, nil
 		}
 		var halt *HaltError
-		if errors.As(err, &halt) || errors.Is(err, ErrFenced) || ctx.Err() != nil {
+		if errors.As(err, &halt) || errors.Is(err, event.ErrFenced) || ctx.Err() != nil {
 			if halt != nil {
 				c.obs.BatchDone("halted", len(batch), time.Since(start))
 			}
@@ -308,10 +308,6 @@ func sleep(ctx context.Context, d time.Duration) error {
 		return nil
 	}
 }
-
-// ErrFenced is returned when the lease epoch no longer matches: another node
-// took over this projection. Nothing of the batch was committed.
-var ErrFenced = errors.New("fenced: lease epoch changed, another node owns this projection")
 
 // attempt runs one transaction for the batch. In the common case (no
 // event to isolate, every stream's cursor in the partition's cache) that is

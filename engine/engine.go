@@ -17,6 +17,7 @@ import (
 
 	"github.com/pgscribe/pgscribe/apply"
 	"github.com/pgscribe/pgscribe/config"
+	"github.com/pgscribe/pgscribe/event"
 	"github.com/pgscribe/pgscribe/lag"
 	"github.com/pgscribe/pgscribe/leader"
 	"github.com/pgscribe/pgscribe/rules"
@@ -122,7 +123,7 @@ func (p *Projection) Run(ctx context.Context) error {
 		switch {
 		case ctx.Err() != nil:
 			return nil
-		case errors.Is(err, apply.ErrFenced), errors.Is(err, leader.ErrLost):
+		case errors.Is(err, event.ErrFenced), errors.Is(err, leader.ErrLost):
 			p.log.Warn("lost ownership, standing by", "err", err)
 			backoff = time.Second
 			continue

@@ -7,7 +7,6 @@ import (
 	"log/slog"
 	"math"
 	"strconv"
-	"strings"
 	"sync"
 	"time"
 
@@ -95,7 +94,7 @@ func NewProbe(cfg ProbeConfig, view *Projection) *Probe {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
-	table := pgx.Identifier(strings.Split(cfg.Table, ".")).Sanitize()
+	table := event.Table(cfg.Table).Quoted()
 	pos := pgx.Identifier{cfg.Position}.Sanitize()
 	return &Probe{
 		cfg:   cfg,

@@ -13,7 +13,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
-	"github.com/pgscribe/pgscribe/apply"
+	"github.com/pgscribe/pgscribe/event"
 )
 
 // ErrLost means the lock session broke: the lock is gone with it.
@@ -131,7 +131,7 @@ FROM (SELECT epoch, acquired_at FROM ` + leases + ` WHERE projection = $1 AND ve
 }
 
 // Check runs the check of CheckStatement in tx, which must not have run
-// anything else yet; it returns an error wrapping apply.ErrFenced when the
+// anything else yet; it returns an error wrapping event.ErrFenced when the
 // lease is no longer ours, and the caller must roll back.
 func (l *Lease) Check(ctx context.Context, tx pgx.Tx) error {
 	sql, args := l.CheckStatement()
@@ -144,7 +144,7 @@ func (l *Lease) Check(ctx context.Context, tx pgx.Tx) error {
 // fenceMark starts the text of a failed check.
 const fenceMark = "pgscribe fence: "
 
-// CheckStatement implements apply.Fence. The statement locks the lease row
+// CheckStatement implements the apply package's Fence. The statement locks the lease row
 // for share and checks it is still ours (same epoch and acquired_at), so
 // that a takeover waits for this transaction and everything the
 // transaction reads afterwards is at least as new as the previous owner's
@@ -155,13 +155,13 @@ func (l *Lease) CheckStatement() (string, []any) {
 	return l.checkSQL, []any{l.projection, l.version, l.Epoch, l.Acquired}
 }
 
-// CheckFailed implements apply.Fence.
+// CheckFailed implements the apply package's Fence.
 func (l *Lease) CheckFailed(err error) error {
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) && pgErr.Code == pgerrcode.InvalidTextRepresentation {
 		if i := strings.Index(pgErr.Message, fenceMark); i >= 0 {
 			found := strings.TrimSuffix(pgErr.Message[i+len(fenceMark):], `"`)
-			return fmt.Errorf("%w (ours epoch %d acquired %s; %s)", apply.ErrFenced,
+			return fmt.Errorf("%w (ours epoch %d acquired %s; %s)", event.ErrFenced,
 				l.Epoch, l.Acquired.UTC().Format(time.RFC3339Nano), found)
 		}
 	}

@@ -11,7 +11,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgconn"
 
-	"github.com/pgscribe/pgscribe/apply"
+	"github.com/pgscribe/pgscribe/event"
 )
 
 func TestKey(t *testing.T) {
@@ -97,7 +97,7 @@ func TestCheckFailed(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			err := l.CheckFailed(tt.err)
-			if got := errors.Is(err, apply.ErrFenced); got != tt.wantFenced {
+			if got := errors.Is(err, event.ErrFenced); got != tt.wantFenced {
 				t.Fatalf("CheckFailed() = %v, fenced %v, want fenced %v", err, got, tt.wantFenced)
 			}
 			if !tt.wantFenced && !errors.Is(err, tt.err) {
