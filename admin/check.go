@@ -316,7 +316,7 @@ var otherKinds = map[string]string{
 // its columns and unique indexes. A name that does not resolve, or resolves
 // to something other than a table, gives a tableInfo with a problem; a
 // lookup the server refuses (no USAGE on the schema) too.
-func lookupTable(ctx context.Context, q querier, name string) (*tableInfo, error) {
+func lookupTable(ctx context.Context, q event.Querier, name string) (*tableInfo, error) {
 	ti := &tableInfo{cols: map[string]columnInfo{}}
 	var kind string
 	ident := event.Table(name).Quoted()

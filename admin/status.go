@@ -3,7 +3,6 @@ package admin
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
 	"strconv"
@@ -12,7 +11,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/pgscribe/pgscribe/config"
 	"github.com/pgscribe/pgscribe/cursor"
@@ -141,14 +139,6 @@ type BackfillStatus struct {
 	ETASeconds *float64 `json:"eta_seconds"`
 }
 
-// querier is what the operator commands need from a connection or a
-// transaction.
-type querier interface {
-	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
-	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
-	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
-}
-
 // conns are the connections of an operator command: target holds the
 // engine tables, the read models and the advisory locks; source holds the
 // events table, the publication and the slots. source is target when both
@@ -208,58 +198,13 @@ func requireMigrated(ctx context.Context, q migrations.Querier, schema string) e
 	return nil
 }
 
-// lockHolder returns the target backend holding key's advisory lock, 0 when
-// none does. pg_try_advisory_lock(bigint) shows in pg_locks with the key's
-// high 32 bits in classid, its low 32 bits in objid and objsubid 1 (the
-// two-int4 form uses objsubid 2), in the current database.
-func lockHolder(ctx context.Context, q querier, key int64) (int32, error) {
-	hi, lo := lockKeyParts(key)
-	var pid int32
-	err := q.QueryRow(ctx, `SELECT coalesce(min(pid), 0) FROM pg_locks
-WHERE locktype = 'advisory' AND granted AND objsubid = 1
-  AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
-  AND classid = $1::bigint::oid AND objid = $2::bigint::oid`, hi, lo).Scan(&pid)
-	if err != nil {
-		return 0, fmt.Errorf("look up advisory lock: %w", err)
-	}
-	return pid, nil
-}
-
-// lockKeyParts splits a bigint advisory lock key the way pg_locks shows it.
-func lockKeyParts(key int64) (classid, objid int64) {
-	k := uint64(key)
-	return int64(k >> 32), int64(k & 0xFFFFFFFF)
-}
-
-// lease is a projection version's row in the leases table.
-type lease struct {
-	node       string
-	epoch      int64
-	acquired   time.Time
-	haltedAt   *time.Time
-	haltReason *string
-}
-
-func loadLease(ctx context.Context, q querier, schema, projection string, version int64) (lease, bool, error) {
-	var l lease
-	err := q.QueryRow(ctx, `SELECT node, epoch, acquired_at, halted_at, halt_reason FROM `+pgx.Identifier{schema, "leases"}.Sanitize()+
-		` WHERE projection = $1 AND version = $2`, projection, version).Scan(&l.node, &l.epoch, &l.acquired, &l.haltedAt, &l.haltReason)
-	if errors.Is(err, pgx.ErrNoRows) {
-		return lease{}, false, nil
-	}
-	if err != nil {
-		return lease{}, false, fmt.Errorf("load lease: %w", err)
-	}
-	return l, true, nil
-}
-
 // slotRow is what status needs of pg_replication_slots.
 type slotRow struct {
 	SlotStatus
 	lagBytes, retainedBytes *int64
 }
 
-func loadSlots(ctx context.Context, q querier, wal string, names []string) (map[string]slotRow, error) {
+func loadSlots(ctx context.Context, q event.Querier, wal string, names []string) (map[string]slotRow, error) {
 	rows, err := q.Query(ctx, `SELECT slot_name::text, coalesce(active_pid, 0), coalesce(wal_status, ''),
   coalesce(confirmed_flush_lsn::text, ''), coalesce(restart_lsn::text, ''),
   pg_wal_lsn_diff($1::pg_lsn, confirmed_flush_lsn)::bigint, pg_wal_lsn_diff($1::pg_lsn, restart_lsn)::bigint
@@ -336,11 +281,11 @@ func Status(ctx context.Context, cfg *config.Config) (*StatusReport, error) {
 		if err != nil {
 			return nil, err
 		}
-		ls, haveLease, err := loadLease(ctx, c.target, schema, spec.Name, spec.Version)
+		ls, haveLease, err := leader.Load(ctx, c.target, schema, spec.Name, spec.Version)
 		if err != nil {
 			return nil, err
 		}
-		pid, err := lockHolder(ctx, c.target, leader.Key(schema, spec.Name, spec.Version))
+		pid, err := leader.Holder(ctx, c.target, schema, spec.Name, spec.Version)
 		if err != nil {
 			return nil, err
 		}
@@ -350,18 +295,18 @@ func Status(ctx context.Context, cfg *config.Config) (*StatusReport, error) {
 		}
 
 		ps.State = deriveState(pid != 0, haveWM, wm.Phase, slot.ActivePID != 0)
-		if pid != 0 && haveLease && ls.haltedAt != nil {
+		if pid != 0 && haveLease && ls.HaltedAt != nil {
 			// A halted engine keeps the lock and records why (engine.Run).
 			ps.State = engine.StateHalted
-			ps.HaltedAt = ls.haltedAt
-			if ls.haltReason != nil {
-				ps.HaltReason = *ls.haltReason
+			ps.HaltedAt = ls.HaltedAt
+			if ls.HaltReason != nil {
+				ps.HaltReason = *ls.HaltReason
 			}
 		}
 		if pid != 0 {
 			ps.LockPID = pid
 			if haveLease {
-				ps.Node = ls.node
+				ps.Node = ls.Node
 			}
 		}
 		if haveWM {
@@ -378,7 +323,7 @@ func Status(ctx context.Context, cfg *config.Config) (*StatusReport, error) {
 		if ps.State == engine.StateBackfilling {
 			var started time.Time
 			if haveLease {
-				started = ls.acquired
+				started = ls.Acquired
 			}
 			ps.Backfill = backfillProgress(wm.BackfillTotal, wm.BackfillDone, started, wm.UpdatedAt, rep.CheckedAt)
 		}
@@ -390,7 +335,7 @@ func Status(ctx context.Context, cfg *config.Config) (*StatusReport, error) {
 
 // unconfiguredSlots finds the source database's slots that parseSlotName
 // recognises but that are not among configured.
-func unconfiguredSlots(ctx context.Context, q querier, wal, prefix string, configured []string) ([]UnconfiguredSlot, error) {
+func unconfiguredSlots(ctx context.Context, q event.Querier, wal, prefix string, configured []string) ([]UnconfiguredSlot, error) {
 	rows, err := q.Query(ctx, `SELECT slot_name::text FROM pg_replication_slots
 WHERE database = current_database() AND NOT (slot_name = ANY($1)) ORDER BY slot_name`, configured)
 	if err != nil {

@@ -99,25 +99,6 @@ func TestBackfillProgress(t *testing.T) {
 	}
 }
 
-func TestLockKeyParts(t *testing.T) {
-	tests := []struct {
-		key            int64
-		classid, objid int64
-	}{
-		{key: 0, classid: 0, objid: 0},
-		{key: 5, classid: 0, objid: 5},
-		{key: 1<<32 | 7, classid: 1, objid: 7},
-		{key: -1, classid: 0xFFFFFFFF, objid: 0xFFFFFFFF},
-		{key: -1 << 63, classid: 0x80000000, objid: 0},
-	}
-	for _, tt := range tests {
-		c, o := lockKeyParts(tt.key)
-		if c != tt.classid || o != tt.objid {
-			t.Errorf("lockKeyParts(%d) = %d, %d; want %d, %d", tt.key, c, o, tt.classid, tt.objid)
-		}
-	}
-}
-
 func TestParseSlotName(t *testing.T) {
 	tests := []struct {
 		slot     string

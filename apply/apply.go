@@ -455,7 +455,7 @@ func (c *Committer) attempt(ctx context.Context, evals []planned, isolate, final
 	}
 	// The bookkeeping of the batch: its dead letters and cursor advances.
 	// In the pipelined path it rides in the same round trip as the writes.
-	book := func(q bookQuerier) error {
+	book := func(q event.Querier) error {
 		if len(dead) > 0 {
 			if err := deadletter.Insert(ctx, q, c.opts.Schema, dead); err != nil {
 				return fmt.Errorf("insert dead letters: %w", err)
@@ -515,7 +515,7 @@ func committed(tag pgconn.CommandTag, err error) error {
 // dbtx is the batch transaction: a pooled connection inside the
 // transaction block that the first round trip began.
 type dbtx interface {
-	bookQuerier
+	event.Querier
 	SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults
 }
 
@@ -524,7 +524,7 @@ type dbtx interface {
 // multi-row statements where that is exact (see planGroups), else one
 // statement per intent in order. A failing statement makes PostgreSQL skip
 // the rest of the pipeline, the COMMIT included.
-func (c *Committer) applyPipelined(ctx context.Context, tx dbtx, pl *pipeline, plan []planned, book func(bookQuerier) error) error {
+func (c *Committer) applyPipelined(ctx context.Context, tx dbtx, pl *pipeline, plan []planned, book func(event.Querier) error) error {
 	var intents []*event.Intent
 	for i := range plan {
 		if plan[i].out != outApply {
@@ -591,14 +591,6 @@ func (p *pipeline) send(ctx context.Context, tx dbtx) error {
 		}
 	}
 	return br.Close()
-}
-
-// bookQuerier is what the dead-letter and cursor stores need: a
-// transaction, or a queuer that adds their statements to the batch.
-type bookQuerier interface {
-	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
-	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
-	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
 }
 
 // queuer adds Exec statements to a pipeline instead of running them; the

@@ -148,12 +148,8 @@ func (p *Projection) Run(ctx context.Context) error {
 // the lease row for `pgscribe status`. The process keeps serving /metrics
 // (pgscribe_halted 1) and /healthz (503).
 func (p *Projection) holdHalted(ctx context.Context, lease *leader.Lease, halt *apply.HaltError) {
-	leases := pgx.Identifier{p.cfg.Engine.Schema, "leases"}.Sanitize()
-	reason := halt.Error()
 	if err := p.withTarget(ctx, func(conn *pgx.Conn) error {
-		_, err := conn.Exec(ctx, `UPDATE `+leases+` SET halted_at = now(), halt_reason = $4
-			WHERE projection = $1 AND version = $2 AND epoch = $3`, p.spec.Name, p.spec.Version, lease.Epoch, reason)
-		return err
+		return lease.RecordHalt(ctx, conn, halt.Error())
 	}); err != nil {
 		p.log.Warn("record halt on lease", "err", err)
 	}
@@ -171,12 +167,7 @@ func (p *Projection) holdHalted(ctx context.Context, lease *leader.Lease, halt *
 // clearHalt removes a recorded halt from the lease row once this node owns
 // the projection again (after a restart that fixed the cause).
 func (p *Projection) clearHalt(ctx context.Context, lease *leader.Lease) {
-	leases := pgx.Identifier{p.cfg.Engine.Schema, "leases"}.Sanitize()
-	err := p.withTarget(ctx, func(conn *pgx.Conn) error {
-		_, err := conn.Exec(ctx, `UPDATE `+leases+` SET halted_at = NULL, halt_reason = NULL
-			WHERE projection = $1 AND version = $2 AND epoch = $3 AND halted_at IS NOT NULL`, p.spec.Name, p.spec.Version, lease.Epoch)
-		return err
-	})
+	err := p.withTarget(ctx, func(conn *pgx.Conn) error { return lease.ClearHalt(ctx, conn) })
 	if err != nil && ctx.Err() == nil {
 		p.log.Warn("clear halt on lease", "err", err)
 	}

@@ -175,7 +175,7 @@ func (p *Probe) read(ctx context.Context, st *probeState, local *Local) (DBView,
 	defer st.tail.mu.Unlock()
 	var db DBView
 	srcQ := pgx.Tx(nil)
-	tgtQ := cursor.Querier(p.tgt)
+	tgtQ := event.Querier(p.tgt)
 	same := p.tgt == nil
 	if same {
 		tx, err := p.src.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly})

@@ -35,6 +35,7 @@ type Lease struct {
 	projection string
 	version    int64
 	checkSQL   string
+	leases     string // the quoted leases table
 
 	mu   sync.Mutex // serialises use of conn: Watch pings, Release
 	conn session    // the lock session
@@ -115,7 +116,8 @@ func TryAcquire(ctx context.Context, url, schema, projection string, version int
 	// epoch, and every batch of a previous holder that started before it
 	// has finished (the row lock) by the time it commits. acquired_at is
 	// the time the row lock was had, not when the statement began waiting.
-	leases := pgx.Identifier{schema, "leases"}.Sanitize()
+	leases := leasesTable(schema)
+	l.leases = leases
 	err = conn.QueryRow(ctx, `INSERT INTO `+leases+` AS l (projection, version, epoch, node, acquired_at)
 		VALUES ($1, $2, 1, $3, clock_timestamp())
 		ON CONFLICT (projection, version) DO UPDATE SET epoch = l.epoch + 1, node = EXCLUDED.node, acquired_at = clock_timestamp()
