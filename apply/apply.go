@@ -14,6 +14,7 @@ import (
 	"github.com/pgscribe/pgscribe/cursor"
 	"github.com/pgscribe/pgscribe/deadletter"
 	"github.com/pgscribe/pgscribe/event"
+	"github.com/pgscribe/pgscribe/sqlstate"
 )
 
 // Evaluator turns an event into write intents, decoding the event's JSON
@@ -241,8 +242,8 @@ func (c *Committer) commit(ctx context.Context, batch []Input, part *partition, 
 			}
 			return Result{}, err
 		}
-		switch Classify(err) {
-		case ClassIntegrity:
+		switch sqlstate.Classify(err) {
+		case sqlstate.ClassIntegrity:
 			if !isolate {
 				// Retry the same batch event by event under savepoints to
 				// find exactly the offending events.
@@ -254,12 +255,12 @@ func (c *Committer) commit(ctx context.Context, batch []Input, part *partition, 
 			// deferred constraint at COMMIT) cannot be pinned on an event.
 			c.obs.BatchDone("halted", len(batch), time.Since(start))
 			return Result{}, c.halt("integrity failure not attributable to one event", err)
-		case ClassTransient:
+		case sqlstate.ClassTransient:
 			c.obs.BatchDone("retried", len(batch), 0)
 			if c.opts.MaxAttempts > 0 && attempt >= c.opts.MaxAttempts {
 				return Result{}, fmt.Errorf("batch failed after %d attempts: %w", attempt, err)
 			}
-			c.log.Warn("transient failure, retrying batch", "attempt", attempt, "sqlstate", SQLState(err), "backoff", backoff, "err", err)
+			c.log.Warn("transient failure, retrying batch", "attempt", attempt, "sqlstate", sqlstate.SQLState(err), "backoff", backoff, "err", err)
 			if err := sleep(ctx, backoff); err != nil {
 				return Result{}, err
 			}
@@ -272,7 +273,7 @@ func (c *Committer) commit(ctx context.Context, batch []Input, part *partition, 
 }
 
 func (c *Committer) halt(reason string, err error) error {
-	h := &HaltError{Reason: reason, SQLState: SQLState(err), Err: err}
+	h := &HaltError{Reason: reason, SQLState: sqlstate.SQLState(err), Err: err}
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) && pgErr.TableName != "" {
 		h.Table = pgErr.TableName
@@ -678,14 +679,14 @@ func (c *Committer) applyIsolated(ctx context.Context, tx dbtx, plan []planned, 
 			applied++
 			continue
 		}
-		if Classify(failed) != ClassIntegrity {
+		if sqlstate.Classify(failed) != sqlstate.ClassIntegrity {
 			return applied, failedN, failed
 		}
 		if _, err := tx.Exec(ctx, "ROLLBACK TO SAVEPOINT pgscribe_event"); err != nil {
 			return applied, failedN, err
 		}
 		failedN++
-		state := SQLState(failed)
+		state := sqlstate.SQLState(failed)
 		if circ.state == state {
 			circ.count++
 		} else {
@@ -695,7 +696,7 @@ func (c *Committer) applyIsolated(ctx context.Context, tx dbtx, plan []planned, 
 			return applied, failedN, c.halt(fmt.Sprintf("circuit open: %d consecutive events failed with the same integrity error (schema mismatch?)", circ.count), failed)
 		}
 		p.out = outDead
-		p.kind = "commit:" + Describe(failed)
+		p.kind = "commit:" + sqlstate.Describe(failed)
 		p.message = failed.Error()
 		p.sqlstate = state
 		p.intents = nil

@@ -18,6 +18,7 @@ import (
 	"github.com/pgscribe/pgscribe/lag"
 	"github.com/pgscribe/pgscribe/leader"
 	"github.com/pgscribe/pgscribe/replication"
+	"github.com/pgscribe/pgscribe/sqlstate"
 )
 
 // session is one active period of a projection: from holding the lock to
@@ -338,11 +339,11 @@ func (s *session) fenced(ctx context.Context, fn func(pgx.Tx) error) error {
 			}
 			return fn(tx)
 		})
-		if err == nil || ctx.Err() != nil || apply.Classify(err) != apply.ClassTransient ||
+		if err == nil || ctx.Err() != nil || sqlstate.Classify(err) != sqlstate.ClassTransient ||
 			(s.cfg.Retry.MaxAttempts > 0 && attempt >= s.cfg.Retry.MaxAttempts) {
 			return err
 		}
-		s.log.Warn("transient failure, retrying", "attempt", attempt, "sqlstate", apply.SQLState(err), "backoff", backoff, "err", err)
+		s.log.Warn("transient failure, retrying", "attempt", attempt, "sqlstate", sqlstate.SQLState(err), "backoff", backoff, "err", err)
 		select {
 		case <-ctx.Done():
 			return ctx.Err()

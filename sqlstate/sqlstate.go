@@ -1,4 +1,4 @@
-package apply
+package sqlstate
 
 // This file is pgscribe's one SQLSTATE classifier (DESIGN §5). Every error
 // that reaches a batch commit goes through Classify, which decides between
