@@ -222,8 +222,8 @@ func (c *Committer) commit(ctx context.Context, batch []Input, part *partition, 
 	}
 
 	isolate := false
-	backoff := c.opts.Backoff
-	for attempt := 1; ; attempt++ {
+	retry := sqlstate.Policy{MaxAttempts: c.opts.MaxAttempts, Backoff: c.opts.Backoff, MaxBackoff: c.opts.MaxBackoff}.Start()
+	for {
 		res, err := c.attempt(ctx, evals, isolate, final, part)
 		if errors.Is(err, errSuspect) {
 			return Result{}, err
@@ -248,8 +248,7 @@ func (c *Committer) commit(ctx context.Context, batch []Input, part *partition, 
 				// Retry the same batch event by event under savepoints to
 				// find exactly the offending events.
 				isolate = true
-				attempt--
-				continue
+				continue // the event-by-event rerun is not a new attempt
 			}
 			// An integrity error outside any single event (for example a
 			// deferred constraint at COMMIT) cannot be pinned on an event.
@@ -257,14 +256,12 @@ func (c *Committer) commit(ctx context.Context, batch []Input, part *partition, 
 			return Result{}, c.halt("integrity failure not attributable to one event", err)
 		case sqlstate.ClassTransient:
 			c.obs.BatchDone("retried", len(batch), 0)
-			if c.opts.MaxAttempts > 0 && attempt >= c.opts.MaxAttempts {
-				return Result{}, fmt.Errorf("batch failed after %d attempts: %w", attempt, err)
+			if retry.Exhausted() {
+				return Result{}, fmt.Errorf("batch failed after %d attempts: %w", retry.Attempt(), err)
 			}
-			c.log.Warn("transient failure, retrying batch", "attempt", attempt, "sqlstate", sqlstate.SQLState(err), "backoff", backoff, "err", err)
-			if err := sleep(ctx, backoff); err != nil {
+			if err := retry.Wait(ctx, c.log, "transient failure, retrying batch", err); err != nil {
 				return Result{}, err
 			}
-			backoff = min(backoff*2, c.opts.MaxBackoff)
 		default:
 			c.obs.BatchDone("halted", len(batch), time.Since(start))
 			return Result{}, c.halt("structural failure", err)
@@ -273,7 +270,7 @@ func (c *Committer) commit(ctx context.Context, batch []Input, part *partition, 
 }
 
 func (c *Committer) halt(reason string, err error) error {
-	h := &HaltError{Reason: reason, SQLState: sqlstate.SQLState(err), Err: err}
+	h := &HaltError{Reason: reason, SQLState: sqlstate.Code(err), Err: err}
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) && pgErr.TableName != "" {
 		h.Table = pgErr.TableName
@@ -298,17 +295,6 @@ type statementError struct {
 
 func (e *statementError) Error() string { return fmt.Sprintf("write %s: %v", e.table, e.err) }
 func (e *statementError) Unwrap() error { return e.err }
-
-func sleep(ctx context.Context, d time.Duration) error {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return ctx.Err()
-	case <-t.C:
-		return nil
-	}
-}
 
 // attempt runs one transaction for the batch. In the common case (no
 // event to isolate, every stream's cursor in the partition's cache) that is
@@ -686,7 +672,7 @@ func (c *Committer) applyIsolated(ctx context.Context, tx dbtx, plan []planned, 
 			return applied, failedN, err
 		}
 		failedN++
-		state := sqlstate.SQLState(failed)
+		state := sqlstate.Code(failed)
 		if circ.state == state {
 			circ.count++
 		} else {

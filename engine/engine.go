@@ -21,6 +21,7 @@ import (
 	"github.com/pgscribe/pgscribe/lag"
 	"github.com/pgscribe/pgscribe/leader"
 	"github.com/pgscribe/pgscribe/rules"
+	"github.com/pgscribe/pgscribe/sqlstate"
 )
 
 // State is where a projection is in its lifecycle.
@@ -95,7 +96,8 @@ func (p *Projection) Run(ctx context.Context) error {
 			p.setState(StateStopped)
 		}
 	}()
-	backoff := time.Second
+	// Restarts are unbounded; the wait doubles from a second to a minute.
+	restart := sqlstate.Policy{Backoff: time.Second, MaxBackoff: time.Minute}.Start()
 	for ctx.Err() == nil {
 		stopStandby := p.reportStandby(ctx) // lag from the database until this node is active
 		lease, err := p.acquire(ctx)
@@ -106,8 +108,10 @@ func (p *Projection) Run(ctx context.Context) error {
 		p.clearHalt(ctx, lease)
 		start := time.Now()
 		err = p.session(ctx, lease)
-		var halt *apply.HaltError
-		if errors.As(err, &halt) && ctx.Err() == nil {
+		end := classifyEnd(err)
+		if end == endHalt && ctx.Err() == nil {
+			var halt *apply.HaltError
+			errors.As(err, &halt)
 			p.haltErr.Store(err)
 			p.setState(StateHalted)
 			p.log.Error("projection halted: fix the cause and restart pgscribe; nothing of the failing batch was acknowledged",
@@ -123,24 +127,46 @@ func (p *Projection) Run(ctx context.Context) error {
 		switch {
 		case ctx.Err() != nil:
 			return nil
-		case errors.Is(err, event.ErrFenced), errors.Is(err, leader.ErrLost):
+		case end == endStandby:
 			p.log.Warn("lost ownership, standing by", "err", err)
-			backoff = time.Second
+			restart.Reset()
 			continue
 		}
 		if time.Since(start) > time.Minute {
-			backoff = time.Second // progress was made: reset
+			restart.Reset() // progress was made
 		}
 		p.metrics.Restarted()
-		p.log.Warn("pipeline stopped, restarting", "err", err, "backoff", backoff)
-		select {
-		case <-ctx.Done():
+		if restart.Wait(ctx, p.log, "pipeline stopped, restarting", err) != nil {
 			return nil
-		case <-time.After(backoff):
 		}
-		backoff = min(backoff*2, time.Minute)
 	}
 	return nil
+}
+
+// ending is what Run does after a session ended while ctx is live.
+type ending int
+
+const (
+	endRestart ending = iota // restart the pipeline after a backoff
+	endStandby               // another node owns the projection: stand by at once
+	endHalt                  // hold the lock, halted, until the process stops
+)
+
+// classifyEnd is the one place that decides, from the error a session
+// ended with, between restarting, standing by and halting. A commit
+// classified the batch's error already (apply.HaltError). Every other
+// error, the source's included (slot, snapshot, stream), restarts today,
+// whatever its class: a structural source error (sqlstate.Classify) is
+// where a halt would be decided.
+func classifyEnd(err error) ending {
+	var halt *apply.HaltError
+	switch {
+	case errors.As(err, &halt):
+		return endHalt
+	case errors.Is(err, event.ErrFenced), errors.Is(err, leader.ErrLost):
+		return endStandby
+	}
+	return endRestart
 }
 
 // holdHalted keeps a halted projection's lock until the process stops, so

@@ -32,6 +32,8 @@ type session struct {
 	pool    *pgxpool.Pool // target: batches, cursors, watermark
 	srcConn *pgx.Conn     // source: slot inspection, then the lag probe's
 
+	retry sqlstate.Policy // [retry]: of batches and of the session's fenced writes
+
 	rebuild     bool        // backfill from a new snapshot before streaming
 	backfilling atomic.Bool // until the backfill's last event committed
 	ledger      *ledger
@@ -42,7 +44,8 @@ type session struct {
 func (p *Projection) session(ctx context.Context, lease *leader.Lease) error {
 	s := &session{Projection: p, lease: lease, store: cursor.New(p.cfg.Engine.Schema, p.spec.Name, p.spec.Version),
 		src: replication.Source{URL: p.cfg.Database.URL, Table: p.cfg.Source.Table, Publication: p.cfg.Source.Publication,
-			Slot: p.slot, Columns: replication.Columns(p.cfg.Source.Columns)}}
+			Slot: p.slot, Columns: replication.Columns(p.cfg.Source.Columns)},
+		retry: sqlstate.Policy{MaxAttempts: p.cfg.Retry.MaxAttempts, Backoff: p.cfg.Retry.Backoff, MaxBackoff: p.cfg.Retry.MaxBackoff}}
 	return s.run(ctx)
 }
 
@@ -331,24 +334,12 @@ func (s *session) logProgress(done, total int64, started time.Time) {
 // connection must not end the session, which would restart a backfill from
 // a new snapshot. fn must be safe to run again.
 func (s *session) fenced(ctx context.Context, fn func(pgx.Tx) error) error {
-	backoff := s.cfg.Retry.Backoff
-	for attempt := 1; ; attempt++ {
-		err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+	return sqlstate.Retry(ctx, s.retry, s.log, func() error {
+		return pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
 			if err := s.lease.Check(ctx, tx); err != nil {
 				return err
 			}
 			return fn(tx)
 		})
-		if err == nil || ctx.Err() != nil || sqlstate.Classify(err) != sqlstate.ClassTransient ||
-			(s.cfg.Retry.MaxAttempts > 0 && attempt >= s.cfg.Retry.MaxAttempts) {
-			return err
-		}
-		s.log.Warn("transient failure, retrying", "attempt", attempt, "sqlstate", sqlstate.SQLState(err), "backoff", backoff, "err", err)
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(backoff):
-		}
-		backoff = min(2*backoff, s.cfg.Retry.MaxBackoff)
-	}
+	})
 }
