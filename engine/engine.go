@@ -4,6 +4,12 @@
 // shut down in order. It wires replication (the source), apply (the
 // partitioned single-transaction commits) and lag (the watermark) together;
 // those packages never import each other.
+//
+// Projection.Run is the loop over active periods; a session (session.go)
+// is one of them, its steps methods on the state they share; the ledger
+// (ledger.go) is the one place that decides what is durable, tells the
+// stream what it may confirm, saves the watermark and confirms the slot.
+// The operator commands are in package admin.
 package engine
 
 import (
