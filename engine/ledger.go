@@ -57,6 +57,14 @@ func (l *ledger) committed(batch []apply.Input) {
 	}
 }
 
+// settle waits until every event taken in is accounted for (or ctx ends).
+func (l *ledger) settle(ctx context.Context) error { return l.tracker.WaitIdle(ctx) }
+
+// reached raises the watermark to lsn once nothing is in flight: the end
+// of a backfill (its snapshot's consistent point), everything below which
+// is now applied.
+func (l *ledger) reached(lsn event.LSN) { l.tracker.Advance(lsn) }
+
 // confirmable is the position the stream may confirm to the server.
 func (l *ledger) confirmable() event.LSN { lsn, _, _ := l.tracker.Watermark(); return lsn }
 
@@ -107,4 +115,4 @@ func (s *ledgerSink) Event(ctx context.Context, tok uint64, ev *event.Event) err
 }
 func (s *ledgerSink) Commit(tok uint64, end event.LSN) { s.ledger.seal(tok, end) }
 func (s *ledgerSink) Confirmable() event.LSN           { return s.ledger.confirmable() }
-func (s *ledgerSink) AdvanceIdle(walEnd event.LSN)     { s.ledger.tracker.Advance(walEnd) }
+func (s *ledgerSink) AdvanceIdle(walEnd event.LSN)     { s.ledger.reached(walEnd) }

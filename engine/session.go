@@ -297,7 +297,7 @@ func (s *session) backfill(ctx context.Context, replConn *pgconn.PgConn, sink *l
 			})
 		}
 	}
-	if err := s.ledger.tracker.WaitIdle(ctx); err != nil {
+	if err := s.ledger.settle(ctx); err != nil {
 		return err
 	}
 	if err := s.fenced(ctx, func(tx pgx.Tx) error {
@@ -305,7 +305,7 @@ func (s *session) backfill(ctx context.Context, replConn *pgconn.PgConn, sink *l
 	}); err != nil {
 		return err
 	}
-	s.ledger.tracker.Advance(consistent)
+	s.ledger.reached(consistent)
 	el := time.Since(started)
 	s.log.Info("backfill complete", "events", done, "seconds", el.Round(time.Millisecond).Seconds(),
 		"events_per_second", int64(float64(done)/max(el.Seconds(), 1e-9)))
