@@ -2,7 +2,7 @@
 // PostgreSQL events table. See README.md.
 //
 // main only parses flags, handles signals and chooses exit codes; every
-// command's work is in package engine.
+// command's work is in package admin (operator commands) or engine (run).
 package main
 
 import (
@@ -15,13 +15,14 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
-	"runtime/debug"
 	"syscall"
 	"time"
 
+	"github.com/pgscribe/pgscribe/admin"
 	"github.com/pgscribe/pgscribe/config"
 	"github.com/pgscribe/pgscribe/deadletter"
 	"github.com/pgscribe/pgscribe/engine"
+	"github.com/pgscribe/pgscribe/rules"
 )
 
 // version, commit and commitDate are set at build time by `make build` and
@@ -92,13 +93,7 @@ func usageErr(format string, args ...any) error {
 var errHelp = errors.New("help requested")
 
 func main() {
-	// The engine's live heap is small and flat (bounded queues), so the
-	// default GC target makes it collect far more often than memory needs:
-	// GOGC=200 cut the engine's CPU per event by ~20% in a 300k-event
-	// backfill for ~16 MB more peak RSS. GOGC in the environment wins.
-	if os.Getenv("GOGC") == "" {
-		debug.SetGCPercent(200)
-	}
+	engine.SetGCPercent()
 	err := run(os.Args[1:], os.Stdout, os.Stderr)
 	if err == nil || errors.Is(err, errHelp) {
 		return
@@ -113,7 +108,7 @@ func exitCode(err error) int {
 	switch {
 	case errors.As(err, &ee):
 		return ee.code
-	case errors.Is(err, engine.ErrProblems), errors.Is(err, engine.ErrNotConfirmed):
+	case errors.Is(err, admin.ErrProblems), errors.Is(err, admin.ErrNotConfirmed):
 		return 2
 	}
 	return 1
@@ -148,10 +143,11 @@ func run(args []string, stdout, stderr io.Writer) error {
 		}
 		// A rule that does not compile is a configuration error (exit 2,
 		// which the systemd unit does not restart), not a runtime failure.
-		if _, err := engine.Compile(cfg); err != nil {
+		progs, err := engine.Compile(cfg)
+		if err != nil {
 			return &exitError{code: 2, err: err}
 		}
-		return runEngine(cfg, log)
+		return runEngine(cfg, progs, log)
 	case "migrate":
 		eventsTable := fs.Bool("events-table", false, "also create the reference events table")
 		if err := parse(fs, rest); err != nil {
@@ -163,7 +159,7 @@ func run(args []string, stdout, stderr io.Writer) error {
 		}
 		ctx, stop := signalContext()
 		defer stop()
-		return engine.Migrate(ctx, cfg, *eventsTable, log)
+		return admin.Migrate(ctx, cfg, *eventsTable, log)
 	case "check":
 		offline := fs.Bool("offline", false, "check the configuration and rules only, not the databases")
 		if err := parse(fs, rest); err != nil {
@@ -183,7 +179,7 @@ func run(args []string, stdout, stderr io.Writer) error {
 		}
 		ctx, stop := signalContext()
 		defer stop()
-		if err := engine.Check(ctx, cfg, progs, stdout); err != nil {
+		if err := admin.Check(ctx, cfg, progs, stdout); err != nil {
 			return err
 		}
 		fmt.Fprintf(stdout, "%s: ok (%s; databases checked)\n", cfg.Path, projections(len(cfg.Projections)))
@@ -201,38 +197,11 @@ func run(args []string, stdout, stderr io.Writer) error {
 		}
 		ctx, stop := signalContext()
 		defer stop()
-		for {
-			rep, err := engine.Status(ctx, cfg)
-			if err != nil {
-				if *watch && ctx.Err() != nil {
-					return nil
-				}
-				return err
-			}
-			switch {
-			case *asJSON:
-				err = rep.WriteJSON(stdout)
-			case *watch:
-				fmt.Fprint(stdout, "\x1b[H\x1b[2J") // home and clear: redraw in place on a terminal
-				if err = rep.WriteText(stdout); err == nil {
-					err = rep.WriteProgress(stdout, 40)
-				}
-			default:
-				err = rep.WriteText(stdout)
-			}
-			if err != nil || !*watch {
-				return err
-			}
-			select {
-			case <-ctx.Done():
-				return nil
-			case <-time.After(*interval):
-			}
-		}
+		return admin.ShowStatus(ctx, cfg, admin.StatusOptions{JSON: *asJSON, Watch: *watch, Interval: *interval}, stdout)
 	case "deadletters":
 		return deadLetters(fs, configPath, rest, stdout, stderr)
 	case "reset":
-		var o engine.ResetOptions
+		var o admin.ResetOptions
 		fs.StringVar(&o.Projection, "projection", "", "projection `name` (required)")
 		fs.Int64Var(&o.Version, "version", 0, "projection `version` (required)")
 		fs.BoolVar(&o.Yes, "yes", false, "reset; without it, only print what would be reset")
@@ -249,7 +218,7 @@ func run(args []string, stdout, stderr io.Writer) error {
 		}
 		ctx, stop := signalContext()
 		defer stop()
-		return engine.Reset(ctx, cfg, o, stdout)
+		return admin.Reset(ctx, cfg, o, stdout)
 	default:
 		// The error alone, not the usage: 38 lines on stderr scroll it away.
 		return usageErr("unknown command %q (run 'pgscribe help' for usage)", cmd)
@@ -291,9 +260,9 @@ func deadLetters(fs *flag.FlagSet, configPath *string, args []string, stdout, st
 	ctx, stop := signalContext()
 	defer stop()
 	if sub == "list" {
-		return engine.ListDeadLetters(ctx, cfg, f, *asJSON, stdout)
+		return admin.ListDeadLetters(ctx, cfg, f, *asJSON, stdout)
 	}
-	return engine.DeadLetterStats(ctx, cfg, f, *asJSON, stdout)
+	return admin.DeadLetterStats(ctx, cfg, f, *asJSON, stdout)
 }
 
 // parse parses a command's flags. -h prints them and ends the command
@@ -370,31 +339,8 @@ func newLogger(cfg *config.Config, w io.Writer) *slog.Logger {
 // intake stops, in-flight batches commit or roll back, the slot is
 // confirmed, locks are released. A second signal, or shutdown_timeout
 // passing, stops hard.
-// memoryLimitPerProjection is the soft memory limit (a GC target, not a
-// cap) per projection that can be active on this node, used when
-// GOMEMLIMIT is not set. With the default engine settings a projection's
-// live heap stays well under it (bounded queues and batches); what it
-// stops is GOGC=200 letting the heap of a long backfill drift up between
-// collections (peak RSS of a 5M-event backfill 153 MB without it, against
-// 114 MB for 1M). Raise it with GOMEMLIMIT for large events or queues.
-const memoryLimitPerProjection = 96 << 20
-
-// defaultMemoryLimit is memoryLimitPerProjection times the projections
-// this node can run at once.
-func defaultMemoryLimit(cfg *config.Config) int64 {
-	n := len(cfg.Projections)
-	if m := cfg.Engine.MaxActiveProjections; m > 0 && m < n {
-		n = m
-	}
-	return int64(max(n, 1)) * memoryLimitPerProjection
-}
-
-func runEngine(cfg *config.Config, log *slog.Logger) error {
-	if os.Getenv("GOMEMLIMIT") == "" {
-		limit := defaultMemoryLimit(cfg)
-		debug.SetMemoryLimit(limit)
-		log.Info("soft memory limit (GOMEMLIMIT to change)", "bytes", limit)
-	}
+func runEngine(cfg *config.Config, progs []*rules.Program, log *slog.Logger) error {
+	engine.SetMemoryLimit(cfg, log)
 	sigs := make(chan os.Signal, 2)
 	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM)
 	defer signal.Stop(sigs)
@@ -418,5 +364,5 @@ func runEngine(cfg *config.Config, log *slog.Logger) error {
 	}()
 	log.Info("pgscribe starting", "version", version, "node", cfg.Engine.Node, "database", cfg.Database,
 		"projections", len(cfg.Projections))
-	return engine.RunAll(ctx, cfg, engine.RunOptions{Version: version, Logger: log, Hard: hard})
+	return engine.RunAll(ctx, cfg, engine.RunOptions{Version: version, Logger: log, Hard: hard, Programs: progs})
 }

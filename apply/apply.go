@@ -14,6 +14,7 @@ import (
 	"github.com/pgscribe/pgscribe/cursor"
 	"github.com/pgscribe/pgscribe/deadletter"
 	"github.com/pgscribe/pgscribe/event"
+	"github.com/pgscribe/pgscribe/sqlstate"
 )
 
 // Evaluator turns an event into write intents, decoding the event's JSON
@@ -35,7 +36,7 @@ type Fence interface {
 	// The batch transaction sends it right after its BEGIN.
 	CheckStatement() (sql string, args []any)
 	// CheckFailed explains a failure of the check statement: an error
-	// wrapping ErrFenced when the lease changed or is gone.
+	// wrapping event.ErrFenced when the lease changed or is gone.
 	CheckFailed(err error) error
 }
 
@@ -221,8 +222,8 @@ func (c *Committer) commit(ctx context.Context, batch []Input, part *partition, 
 	}
 
 	isolate := false
-	backoff := c.opts.Backoff
-	for attempt := 1; ; attempt++ {
+	retry := sqlstate.Policy{MaxAttempts: c.opts.MaxAttempts, Backoff: c.opts.Backoff, MaxBackoff: c.opts.MaxBackoff}.Start()
+	for {
 		res, err := c.attempt(ctx, evals, isolate, final, part)
 		if errors.Is(err, errSuspect) {
 			return Result{}, err
@@ -235,35 +236,32 @@ func (c *Committer) commit(ctx context.Context, batch []Input, part *partition, 
 			return res, nil
 		}
 		var halt *HaltError
-		if errors.As(err, &halt) || errors.Is(err, ErrFenced) || ctx.Err() != nil {
+		if errors.As(err, &halt) || errors.Is(err, event.ErrFenced) || ctx.Err() != nil {
 			if halt != nil {
 				c.obs.BatchDone("halted", len(batch), time.Since(start))
 			}
 			return Result{}, err
 		}
-		switch Classify(err) {
-		case ClassIntegrity:
+		switch sqlstate.Classify(err) {
+		case sqlstate.ClassIntegrity:
 			if !isolate {
 				// Retry the same batch event by event under savepoints to
 				// find exactly the offending events.
 				isolate = true
-				attempt--
-				continue
+				continue // the event-by-event rerun is not a new attempt
 			}
 			// An integrity error outside any single event (for example a
 			// deferred constraint at COMMIT) cannot be pinned on an event.
 			c.obs.BatchDone("halted", len(batch), time.Since(start))
 			return Result{}, c.halt("integrity failure not attributable to one event", err)
-		case ClassTransient:
+		case sqlstate.ClassTransient:
 			c.obs.BatchDone("retried", len(batch), 0)
-			if c.opts.MaxAttempts > 0 && attempt >= c.opts.MaxAttempts {
-				return Result{}, fmt.Errorf("batch failed after %d attempts: %w", attempt, err)
+			if retry.Exhausted() {
+				return Result{}, fmt.Errorf("batch failed after %d attempts: %w", retry.Attempt(), err)
 			}
-			c.log.Warn("transient failure, retrying batch", "attempt", attempt, "sqlstate", SQLState(err), "backoff", backoff, "err", err)
-			if err := sleep(ctx, backoff); err != nil {
+			if err := retry.Wait(ctx, c.log, "transient failure, retrying batch", err); err != nil {
 				return Result{}, err
 			}
-			backoff = min(backoff*2, c.opts.MaxBackoff)
 		default:
 			c.obs.BatchDone("halted", len(batch), time.Since(start))
 			return Result{}, c.halt("structural failure", err)
@@ -272,7 +270,7 @@ func (c *Committer) commit(ctx context.Context, batch []Input, part *partition, 
 }
 
 func (c *Committer) halt(reason string, err error) error {
-	h := &HaltError{Reason: reason, SQLState: SQLState(err), Err: err}
+	h := &HaltError{Reason: reason, SQLState: sqlstate.Code(err), Err: err}
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) && pgErr.TableName != "" {
 		h.Table = pgErr.TableName
@@ -297,21 +295,6 @@ type statementError struct {
 
 func (e *statementError) Error() string { return fmt.Sprintf("write %s: %v", e.table, e.err) }
 func (e *statementError) Unwrap() error { return e.err }
-
-func sleep(ctx context.Context, d time.Duration) error {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return ctx.Err()
-	case <-t.C:
-		return nil
-	}
-}
-
-// ErrFenced is returned when the lease epoch no longer matches: another node
-// took over this projection. Nothing of the batch was committed.
-var ErrFenced = errors.New("fenced: lease epoch changed, another node owns this projection")
 
 // attempt runs one transaction for the batch. In the common case (no
 // event to isolate, every stream's cursor in the partition's cache) that is
@@ -459,7 +442,7 @@ func (c *Committer) attempt(ctx context.Context, evals []planned, isolate, final
 	}
 	// The bookkeeping of the batch: its dead letters and cursor advances.
 	// In the pipelined path it rides in the same round trip as the writes.
-	book := func(q bookQuerier) error {
+	book := func(q event.Querier) error {
 		if len(dead) > 0 {
 			if err := deadletter.Insert(ctx, q, c.opts.Schema, dead); err != nil {
 				return fmt.Errorf("insert dead letters: %w", err)
@@ -519,7 +502,7 @@ func committed(tag pgconn.CommandTag, err error) error {
 // dbtx is the batch transaction: a pooled connection inside the
 // transaction block that the first round trip began.
 type dbtx interface {
-	bookQuerier
+	event.Querier
 	SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults
 }
 
@@ -528,7 +511,7 @@ type dbtx interface {
 // multi-row statements where that is exact (see planGroups), else one
 // statement per intent in order. A failing statement makes PostgreSQL skip
 // the rest of the pipeline, the COMMIT included.
-func (c *Committer) applyPipelined(ctx context.Context, tx dbtx, pl *pipeline, plan []planned, book func(bookQuerier) error) error {
+func (c *Committer) applyPipelined(ctx context.Context, tx dbtx, pl *pipeline, plan []planned, book func(event.Querier) error) error {
 	var intents []*event.Intent
 	for i := range plan {
 		if plan[i].out != outApply {
@@ -595,14 +578,6 @@ func (p *pipeline) send(ctx context.Context, tx dbtx) error {
 		}
 	}
 	return br.Close()
-}
-
-// bookQuerier is what the dead-letter and cursor stores need: a
-// transaction, or a queuer that adds their statements to the batch.
-type bookQuerier interface {
-	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
-	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
-	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
 }
 
 // queuer adds Exec statements to a pipeline instead of running them; the
@@ -690,14 +665,14 @@ func (c *Committer) applyIsolated(ctx context.Context, tx dbtx, plan []planned, 
 			applied++
 			continue
 		}
-		if Classify(failed) != ClassIntegrity {
+		if sqlstate.Classify(failed) != sqlstate.ClassIntegrity {
 			return applied, failedN, failed
 		}
 		if _, err := tx.Exec(ctx, "ROLLBACK TO SAVEPOINT pgscribe_event"); err != nil {
 			return applied, failedN, err
 		}
 		failedN++
-		state := SQLState(failed)
+		state := sqlstate.Code(failed)
 		if circ.state == state {
 			circ.count++
 		} else {
@@ -707,7 +682,7 @@ func (c *Committer) applyIsolated(ctx context.Context, tx dbtx, plan []planned, 
 			return applied, failedN, c.halt(fmt.Sprintf("circuit open: %d consecutive events failed with the same integrity error (schema mismatch?)", circ.count), failed)
 		}
 		p.out = outDead
-		p.kind = "commit:" + Describe(failed)
+		p.kind = "commit:" + sqlstate.Describe(failed)
 		p.message = failed.Error()
 		p.sqlstate = state
 		p.intents = nil

@@ -14,7 +14,7 @@ import (
 // quoteTable quotes a possibly schema-qualified table name ("s.t") as an
 // identifier. Names from configuration are never interpolated raw.
 func quoteTable(name string) string {
-	return pgx.Identifier(strings.Split(name, ".")).Sanitize()
+	return event.Table(name).Quoted()
 }
 
 func quoteColumn(name string) string { return pgx.Identifier{name}.Sanitize() }

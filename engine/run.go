@@ -42,15 +42,21 @@ type RunOptions struct {
 	Registry *prometheus.Registry
 	// Ready, if set, receives the metrics listener's address once bound.
 	Ready func(addr string)
+	// Programs are cfg's compiled rules, in cfg.Projections order (from
+	// Compile); nil compiles them.
+	Programs []*rules.Program
 }
 
 // RunAll runs every configured projection until ctx ends. Projections are
 // independent: one halting does not stop the others. It returns when all
 // have stopped.
 func RunAll(ctx context.Context, cfg *config.Config, o RunOptions) error {
-	progs, err := Compile(cfg)
-	if err != nil {
-		return err
+	progs := o.Programs
+	if progs == nil {
+		var err error
+		if progs, err = Compile(cfg); err != nil {
+			return err
+		}
 	}
 	reg := o.Registry
 	if reg == nil {

@@ -43,7 +43,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/pgscribe/pgscribe/apply"
+	"github.com/pgscribe/pgscribe/event"
 	"github.com/pgscribe/pgscribe/internal/pgtest"
 	"github.com/pgscribe/pgscribe/leader"
 	"github.com/pgscribe/pgscribe/migrations"
@@ -1255,7 +1255,7 @@ func TestLeaseExclusiveAndEpoch(t *testing.T) {
 	if b.Epoch != a.Epoch+1 {
 		t.Errorf("epoch %d after %d, want a bump by one", b.Epoch, a.Epoch)
 	}
-	if err := foCheck(ctx, pool, a); !errors.Is(err, apply.ErrFenced) {
+	if err := foCheck(ctx, pool, a); !errors.Is(err, event.ErrFenced) {
 		t.Errorf("stale lease's check = %v, want ErrFenced", err)
 	}
 	if err := foCheck(ctx, pool, b); err != nil {
@@ -1287,7 +1287,7 @@ func TestLeaseLostBump(t *testing.T) {
 	if next.Epoch != old.Epoch {
 		t.Fatalf("setup: epoch %d, want the reused %d", next.Epoch, old.Epoch)
 	}
-	if err := foCheck(ctx, pool, old); !errors.Is(err, apply.ErrFenced) {
+	if err := foCheck(ctx, pool, old); !errors.Is(err, event.ErrFenced) {
 		t.Fatalf("old holder with the reused epoch: Check = %v, want ErrFenced", err)
 	}
 	if err := foCheck(ctx, pool, next); err != nil {
@@ -1373,7 +1373,7 @@ func TestLeaseFenceOrdersTakeover(t *testing.T) {
 		_, err := tx.Exec(ctx, `INSERT INTO marks VALUES (2)`)
 		return err
 	})
-	if !errors.Is(err, apply.ErrFenced) {
+	if !errors.Is(err, event.ErrFenced) {
 		t.Fatalf("old holder's batch after the takeover = %v, want ErrFenced", err)
 	}
 }
@@ -1430,7 +1430,7 @@ func TestLeaseFencePipelined(t *testing.T) {
 		return ns
 	}
 
-	if err := batch(old, 1); !errors.Is(err, apply.ErrFenced) || !strings.Contains(err.Error(), fmt.Sprintf("now epoch %d", cur.Epoch)) {
+	if err := batch(old, 1); !errors.Is(err, event.ErrFenced) || !strings.Contains(err.Error(), fmt.Sprintf("now epoch %d", cur.Epoch)) {
 		t.Fatalf("stale lease's pipelined batch = %v, want ErrFenced naming epoch %d", err, cur.Epoch)
 	}
 	if err := batch(cur, 2); err != nil {
@@ -1439,7 +1439,7 @@ func TestLeaseFencePipelined(t *testing.T) {
 	if _, err := pool.Exec(ctx, `DELETE FROM pgscribe.leases WHERE projection = 'p' AND version = 1`); err != nil {
 		t.Fatal(err)
 	}
-	if err := batch(cur, 3); !errors.Is(err, apply.ErrFenced) || !strings.Contains(err.Error(), "row is gone") {
+	if err := batch(cur, 3); !errors.Is(err, event.ErrFenced) || !strings.Contains(err.Error(), "row is gone") {
 		t.Fatalf("pipelined batch with the lease row gone = %v, want ErrFenced (row is gone)", err)
 	}
 	if got := marks(); len(got) != 1 || got[0] != 2 {

@@ -1,4 +1,4 @@
-package engine
+package admin
 
 import (
 	"context"
@@ -316,10 +316,10 @@ var otherKinds = map[string]string{
 // its columns and unique indexes. A name that does not resolve, or resolves
 // to something other than a table, gives a tableInfo with a problem; a
 // lookup the server refuses (no USAGE on the schema) too.
-func lookupTable(ctx context.Context, q querier, name string) (*tableInfo, error) {
+func lookupTable(ctx context.Context, q event.Querier, name string) (*tableInfo, error) {
 	ti := &tableInfo{cols: map[string]columnInfo{}}
 	var kind string
-	ident := pgx.Identifier(strings.Split(name, ".")).Sanitize()
+	ident := event.Table(name).Quoted()
 	err := q.QueryRow(ctx, `SELECT c.oid, c.relkind::text, n.nspname::text, c.relname::text
 FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace WHERE c.oid = to_regclass($1)`, ident).Scan(
 		&ti.oid, &kind, &ti.schema, &ti.name)
