@@ -148,7 +148,8 @@ func run(args []string, stdout, stderr io.Writer) error {
 		if err := parse(fs, rest); err != nil {
 			return err
 		}
-		cfg, log, err := loadConfig(*configPath, stderr, true)
+		// migrate needs no rules: a rule's mistake must not stop it.
+		cfg, log, err := loadConfigWith(config.LoadSettings, *configPath, stderr, true)
 		if err != nil {
 			return err
 		}
@@ -309,7 +310,12 @@ func signalContext() (context.Context, context.CancelFunc) {
 
 // loadConfig loads and validates the configuration; errors exit 2.
 func loadConfig(flagPath string, stderr io.Writer, needDB bool) (*config.Config, *slog.Logger, error) {
-	cfg, err := config.Load(config.ConfigPath(flagPath))
+	return loadConfigWith(config.Load, flagPath, stderr, needDB)
+}
+
+// loadConfigWith is loadConfig with the loader of a command's choice.
+func loadConfigWith(load func(string) (*config.Config, error), flagPath string, stderr io.Writer, needDB bool) (*config.Config, *slog.Logger, error) {
+	cfg, err := load(config.ConfigPath(flagPath))
 	if err != nil {
 		return nil, nil, &exitError{code: 2, err: err}
 	}

@@ -132,34 +132,10 @@ func (ck *checker) run(ctx context.Context, progs []*rules.Program) error {
 			if event.Op(rs.Op) != event.OpSQL {
 				continue
 			}
-			ck.sqlRule(ctx, fmt.Sprintf("%s v%d rule %q", spec.Name, spec.Version, ruleName(j, rs)), rs)
+			ck.sqlRule(ctx, fmt.Sprintf("%s v%d rule %q", spec.Name, spec.Version, rules.RuleName(j, rs)), rs)
 		}
 	}
 	return nil
-}
-
-// ruleName is the rule's name after defaulting, as rules.Compile names it:
-// its name, else "<first type of on, or *>#<1-based index>".
-func ruleName(i int, rs rules.RuleSpec) string {
-	if rs.Name != "" {
-		return rs.Name
-	}
-	first := "*"
-	switch on := rs.On.(type) {
-	case string:
-		first = on
-	case []string:
-		if len(on) > 0 {
-			first = on[0]
-		}
-	case []any:
-		if len(on) > 0 {
-			if s, ok := on[0].(string); ok {
-				first = s
-			}
-		}
-	}
-	return first + "#" + strconv.Itoa(i+1)
 }
 
 // source checks the source database: replication settings, the events

@@ -82,4 +82,7 @@ type Intent struct {
 	Inc   []Column
 	SQL   string
 	Args  []any
+	// DeadLetterIfMissing: the rule says if_missing = "dead_letter", so an
+	// update or delete that matches no row dead-letters the event.
+	DeadLetterIfMissing bool
 }
