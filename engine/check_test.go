@@ -2,7 +2,6 @@ package engine
 
 import (
 	"testing"
-
 )
 
 func TestProblemString(t *testing.T) {
@@ -20,4 +19,3 @@ func TestProblemString(t *testing.T) {
 		}
 	}
 }
-
