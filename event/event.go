@@ -74,14 +74,17 @@ type Column struct {
 // whoever renders SQL. For OpSQL, SQL and Args are set and the other fields
 // are empty.
 type Intent struct {
-	Rule  string
-	Op    Op
-	Table string
-	Key   []Column
-	Set   []Column
-	Inc   []Column
-	SQL   string
-	Args  []any
+	Rule string
+	// RuleIndex is the rule's 0-based place in its projection: the
+	// statements of a batch run in rule order, the same in every batch.
+	RuleIndex int
+	Op        Op
+	Table     string
+	Key       []Column
+	Set       []Column
+	Inc       []Column
+	SQL       string
+	Args      []any
 	// DeadLetterIfMissing: the rule says if_missing = "dead_letter", so an
 	// update or delete that matches no row dead-letters the event.
 	DeadLetterIfMissing bool

@@ -62,14 +62,22 @@ var Ops = []OpSpec{
 	{Op: OpFail, Kind: KindReject, Message: Required},
 }
 
+// opIndex finds an op's entry in Ops.
+var opIndex = func() map[Op]int {
+	m := make(map[Op]int, len(Ops))
+	for i, s := range Ops {
+		m[s.Op] = i
+	}
+	return m
+}()
+
 // Spec returns the op's description; false for an unknown op.
 func (o Op) Spec() (OpSpec, bool) {
-	for _, s := range Ops {
-		if s.Op == o {
-			return s, true
-		}
+	i, ok := opIndex[o]
+	if !ok {
+		return OpSpec{}, false
 	}
-	return OpSpec{}, false
+	return Ops[i], true
 }
 
 // OpNames lists the ops' names in table order.

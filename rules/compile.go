@@ -43,6 +43,7 @@ type Program struct {
 
 type rule struct {
 	name    string
+	index   int // place in the projection, 0-based
 	op      event.Op
 	kind    event.Kind
 	table   string
@@ -177,7 +178,9 @@ func Compile(spec Spec) (*Program, error) {
 		}
 		seen[name] = i + 1
 		ons[i] = on
-		p.rules = append(p.rules, c.rule(name, rs))
+		r := c.rule(name, rs)
+		r.index = i
+		p.rules = append(p.rules, r)
 	}
 	if err := errors.Join(c.errs...); err != nil {
 		return nil, err
