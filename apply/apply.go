@@ -228,12 +228,16 @@ func (c *Committer) commit(ctx context.Context, batch []Input, part *partition, 
 
 	isolate := false
 	backoff := c.opts.Backoff
+	var deadMisses map[string]int // misses that dead-lettered their events
 	for attempt := 1; ; attempt++ {
 		res, err := c.attempt(ctx, evals, isolate, final, part)
 		if errors.Is(err, errSuspect) {
 			return Result{}, err
 		}
 		if err == nil {
+			for rule, n := range deadMisses {
+				c.obs.RowsMissing(rule, n)
+			}
 			c.obs.BatchDone("committed", len(batch), time.Since(start))
 			if isolate {
 				c.obs.BatchDone("isolated", len(batch), 0)
@@ -242,9 +246,15 @@ func (c *Committer) commit(ctx context.Context, batch []Input, part *partition, 
 		}
 		var miss *missingError
 		if errors.As(err, &miss) {
+			if deadMisses == nil {
+				deadMisses = map[string]int{}
+			}
 			// Dead-letter the events whose writes missed and try the rest
 			// again: their other intents must not apply either.
 			markMissing(evals, miss.intents)
+			for _, in := range miss.intents {
+				deadMisses[in.Rule]++
+			}
 			attempt--
 			continue
 		}
