@@ -4,6 +4,7 @@ import (
 	"context"
 	"net/http"
 	"os"
+	"os/exec"
 	"regexp"
 	"strings"
 	"testing"
@@ -297,4 +298,23 @@ func grepLines(s, sub string) string {
 		}
 	}
 	return strings.Join(out, "\n")
+}
+
+// TestMigrateIgnoresRules: migrate needs no rules, so a rule that does not
+// validate does not stop it; run still refuses it, naming the rule.
+func TestMigrateIgnoresRules(t *testing.T) {
+	requireServer(t)
+	broken := coreProjection{name: "broken", version: 1, rules: `
+  [[projection.rule]]
+  name  = "open-index"
+  op    = "insert"
+  table = "t"
+  key   = { id = "id" }
+  set   = { id = "id" }
+`}
+	r := newRig(t, []coreProjection{broken}, nil) // newRig migrates
+	out, err := exec.Command(pgscribeBinary(t), "run", "-config", r.config).CombinedOutput()
+	if err == nil || !strings.Contains(string(out), `projection "broken" v1, rule "open-index": set.id: column "id" is already in key`) {
+		t.Errorf("run: %v\n%s", err, out)
+	}
 }
