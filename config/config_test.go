@@ -788,3 +788,24 @@ func TestLoadSettingsSkipsRules(t *testing.T) {
 		t.Error("LoadSettings accepted a bad engine setting")
 	}
 }
+
+// TestRuleLine finds the line of a rule's field as rules.CompileError
+// names it.
+func TestRuleLine(t *testing.T) {
+	clearEnv(t)
+	src := rule(`op = "sql"`, `sql = "SELECT $1"`, `args = [`, `  "id",`, `]`) +
+		"[[projection.rule]]\nop = \"update\"\ntable = \"t\"\nkey = { id = \"id\" }\nset = { a = \"1\" }\n"
+	c, err := Load(writeConfig(t, src))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tt := range []struct {
+		rule  int
+		field string
+		want  int
+	}{{0, "", 4}, {0, "sql", 6}, {0, "args[1]", 8}, {1, "set.a", 14}, {1, "when", 10}} {
+		if got := c.RuleLine(0, tt.rule, tt.field); got != tt.want {
+			t.Errorf("RuleLine(0, %d, %q) = %d, want %d", tt.rule, tt.field, got, tt.want)
+		}
+	}
+}
