@@ -47,8 +47,8 @@ func (m *missTally) read(br pgx.BatchResults, g *group) error {
 		n := len(g.rows) - int(tag.RowsAffected())
 		switch {
 		case n <= 0:
-		case len(g.rows) == 1:
-			m.miss(g.sources(0))
+		case len(g.rows) == 1 && len(g.folds) == 0:
+			m.miss(g.rows)
 		default:
 			if m.counts == nil {
 				m.counts = map[string]int{}
@@ -75,9 +75,18 @@ func (m *missTally) read(br pgx.BatchResults, g *group) error {
 	if err := rows.Err(); err != nil {
 		return err
 	}
+	var folded map[int][]*event.Intent
 	for i, ok := range matched {
-		if !ok {
-			m.miss(g.sources(i))
+		if ok {
+			continue
+		}
+		if folded == nil && len(g.folds) > 0 {
+			folded = g.sources()
+		}
+		if src, ok := folded[i]; ok {
+			m.miss(src)
+		} else {
+			m.miss(g.rows[i : i+1])
 		}
 	}
 	return nil

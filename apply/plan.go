@@ -69,21 +69,30 @@ type group struct {
 	// rank is the lowest rule index among the rows: groups of a layer run
 	// in rule order.
 	rank int
-	// For ops that may match no row (update, delete). srcs[i], when set,
-	// lists the intents folded into rows[i] (a miss counts for each);
-	// returning says the statement must return which rows matched, because
-	// a count alone cannot say whose the misses are.
+	// For ops that may match no row (update, delete): folds lists the
+	// intents folded into a row, the row's first intent included (a miss
+	// counts for each of them); returning says the statement must return
+	// which rows matched, because a count alone cannot say whose the
+	// misses are.
 	mayMiss   bool
-	srcs      map[int][]*event.Intent
+	folds     []fold
 	returning bool
 }
 
-// sources returns the intents that row i stands for.
-func (g *group) sources(i int) []*event.Intent {
-	if s, ok := g.srcs[i]; ok {
-		return s
+// fold is an intent folded into row row of its group.
+type fold struct {
+	row int
+	in  *event.Intent
+}
+
+// sources returns, for each row folded from several intents, those intents
+// (the slow path: only a statement with misses asks).
+func (g *group) sources() map[int][]*event.Intent {
+	m := make(map[int][]*event.Intent)
+	for _, f := range g.folds {
+		m[f.row] = append(m[f.row], f.in)
 	}
-	return g.rows[i : i+1 : i+1] // capped: appending copies
+	return m
 }
 
 // rowID identifies a read-model row by its table, key columns and values.
@@ -92,9 +101,10 @@ type rowID struct {
 }
 
 type rowState struct {
-	layer int
-	g     *group
-	idx   int // index in g.rows
+	layer  int
+	g      *group
+	idx    int  // index in g.rows
+	folded bool // g.folds lists the row's intents
 }
 
 // planGroups folds and groups intents. ok is false when the batch must take the
@@ -103,8 +113,11 @@ func planGroups(intents []*event.Intent) (layers [][]*group, ok bool) {
 	keysOf := map[string]string{} // table → key column set used
 	keyless := map[string]bool{}  // table has a keyless insert
 	modified := map[string]bool{} // table has an op that addresses existing rows
+	var op event.OpSpec           // of the intent at hand; looked up when the op changes
 	for _, in := range intents {
-		op, _ := in.Op.Spec()
+		if in.Op != op.Op {
+			op, _ = in.Op.Spec()
+		}
 		if op.Kind != event.KindRow {
 			return nil, false
 		}
@@ -153,13 +166,17 @@ func planGroups(intents []*event.Intent) (layers [][]*group, ok bool) {
 		st := rows[id]
 		layer := 0
 		if st != nil {
-			if op, _ := in.Op.Spec(); st.g.shape == sh && op.Folds {
-				if merged, ok := fold(st.g.rows[st.idx], in); ok {
+			if in.Op != op.Op {
+				op, _ = in.Op.Spec()
+			}
+			if st.g.shape == sh && op.Folds {
+				if merged, ok := foldIntents(st.g.rows[st.idx], in); ok {
 					if st.g.mayMiss {
-						if st.g.srcs == nil {
-							st.g.srcs = map[int][]*event.Intent{}
+						if !st.folded {
+							st.g.folds = append(st.g.folds, fold{st.idx, st.g.rows[st.idx]})
+							st.folded = true
 						}
-						st.g.srcs[st.idx] = append(st.g.sources(st.idx), in)
+						st.g.folds = append(st.g.folds, fold{st.idx, in})
 					}
 					st.g.rows[st.idx] = merged
 					continue
@@ -202,17 +219,15 @@ func (g *group) lockOrder() {
 		}
 		slices.SortFunc(perm, func(a, b int) int { return strings.Compare(g.keys[a], g.keys[b]) })
 		rows, keys := make([]*event.Intent, len(perm)), make([]string, len(perm))
-		var srcs map[int][]*event.Intent
+		moved := make([]int, len(perm)) // old row → new row
 		for to, from := range perm {
 			rows[to], keys[to] = g.rows[from], g.keys[from]
-			if s, ok := g.srcs[from]; ok {
-				if srcs == nil {
-					srcs = map[int][]*event.Intent{}
-				}
-				srcs[to] = s
-			}
+			moved[from] = to
 		}
-		g.rows, g.keys, g.srcs = rows, keys, srcs
+		for i := range g.folds {
+			g.folds[i].row = moved[g.folds[i].row]
+		}
+		g.rows, g.keys = rows, keys
 	}
 	if !g.mayMiss {
 		return
@@ -220,7 +235,7 @@ func (g *group) lockOrder() {
 	// The row count of the statement's command tag says how many rows
 	// missed; that is enough when every row is one intent of one rule that
 	// ignores misses. Otherwise the statement returns the rows that matched.
-	g.returning = len(g.srcs) > 0
+	g.returning = len(g.folds) > 0
 	for _, in := range g.rows {
 		if g.returning {
 			break
@@ -242,9 +257,9 @@ func keyValues(cs []event.Column) string {
 	return b.String()
 }
 
-// fold merges b into a (same row, same shape, b after a). The result is a
-// new intent; a and b are not modified.
-func fold(a, b *event.Intent) (*event.Intent, bool) {
+// foldIntents merges b into a (same row, same shape, b after a). The result
+// is a new intent; a and b are not modified.
+func foldIntents(a, b *event.Intent) (*event.Intent, bool) {
 	inc := make([]event.Column, len(a.Inc))
 	for i := range a.Inc {
 		v, ok := addValues(a.Inc[i].Value, b.Inc[i].Value)

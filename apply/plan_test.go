@@ -173,13 +173,14 @@ func TestPlanLockOrder(t *testing.T) {
 // cannot say whose the misses are.
 func TestPlanMisses(t *testing.T) {
 	a1, b, a2 := update("a", 1), update("b", 2), update("a", 3)
-	layers, _ := planGroups([]*event.Intent{a1, b, a2})
+	layers, _ := planGroups([]*event.Intent{b, a1, a2}) // sorting moves the folded row
 	g := layers[0][0]
-	if src := g.sources(0); len(src) != 2 || src[0] != a1 || src[1] != a2 {
-		t.Errorf("sources of the folded row = %v", src)
+	src := g.sources()
+	if s := src[0]; len(s) != 2 || s[0] != a1 || s[1] != a2 {
+		t.Errorf("sources of the folded row = %v", s)
 	}
-	if src := g.sources(1); len(src) != 1 || src[0] != b {
-		t.Errorf("sources of b = %v", src)
+	if s, ok := src[1]; ok || g.rows[1] != b {
+		t.Errorf("row b: sources %v, row %v", s, g.rows[1])
 	}
 	if !g.returning {
 		t.Error("a group with a folded row must return its matched rows")
@@ -196,7 +197,7 @@ func TestPlanMisses(t *testing.T) {
 		t.Error("a dead_letter rule needs the matched rows")
 	}
 	layers, _ = planGroups([]*event.Intent{upsert("a", 1, "x"), upsert("a", 1, "y")})
-	if g := layers[0][0]; g.mayMiss || g.returning || g.srcs != nil {
+	if g := layers[0][0]; g.mayMiss || g.returning || g.folds != nil {
 		t.Error("upserts cannot miss")
 	}
 }
