@@ -50,19 +50,6 @@ type Event struct {
 	CommitTime time.Time
 }
 
-// Op is a write operation a rule asks for.
-type Op string
-
-// The operations a rule can produce.
-const (
-	OpInsert Op = "insert"
-	OpUpsert Op = "upsert"
-	OpUpdate Op = "update"
-	OpDelete Op = "delete"
-	OpSQL    Op = "sql"
-	OpFail   Op = "fail"
-)
-
 // Column is one column assignment of an intent, in rule order.
 type Column struct {
 	Name  string

@@ -7,6 +7,19 @@ package event
 // there fails if an op of this table has no SQL part. Adding an op touches
 // this table, its SQL and their tests only.
 
+// Op is a write operation a rule asks for.
+type Op string
+
+// The operations a rule can produce.
+const (
+	OpInsert Op = "insert"
+	OpUpsert Op = "upsert"
+	OpUpdate Op = "update"
+	OpDelete Op = "delete"
+	OpSQL    Op = "sql"
+	OpFail   Op = "fail"
+)
+
 // Use says whether a rule field may, must or must not be given for an op.
 type Use int8
 
