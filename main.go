@@ -153,7 +153,8 @@ func run(args []string, stdout, stderr io.Writer) error {
 		if err := parse(fs, rest); err != nil {
 			return err
 		}
-		cfg, log, err := loadConfig(*configPath, stderr, true)
+		// migrate needs no rules: a rule's mistake must not stop it.
+		cfg, log, err := loadConfigWith(config.LoadSettings, *configPath, stderr, true)
 		if err != nil {
 			return err
 		}
@@ -295,7 +296,12 @@ func projections(n int) string {
 
 // loadConfig loads and validates the configuration; errors exit 2.
 func loadConfig(flagPath string, stderr io.Writer, needDB bool) (*config.Config, *slog.Logger, error) {
-	cfg, err := config.Load(config.ConfigPath(flagPath))
+	return loadConfigWith(config.Load, flagPath, stderr, needDB)
+}
+
+// loadConfigWith is loadConfig with the loader of a command's choice.
+func loadConfigWith(load func(string) (*config.Config, error), flagPath string, stderr io.Writer, needDB bool) (*config.Config, *slog.Logger, error) {
+	cfg, err := load(config.ConfigPath(flagPath))
 	if errors.Is(err, fs.ErrNotExist) {
 		err = fmt.Errorf("%w\n%s", err, missingConfigHint(flagPath))
 	}
