@@ -44,6 +44,14 @@ func TestKillDuringBackfillAndLive(t *testing.T) {
 	for i := range backfillKills {
 		s := r.start()
 		s.waitLog(2*time.Minute, `msg="backfill started" projection=balances`)
+		// The log line comes before the watermark row that records the
+		// phase is committed: a kill in between would find no phase at
+		// all. Wait for the row, so that every kill hits a backfill that
+		// is durably under way.
+		r.waitUntil(2*time.Minute, "balances to record phase backfilling", func(ctx context.Context) (bool, error) {
+			phase, err := r.phase(ctx, bal)
+			return phase == "backfilling", err
+		})
 		before, err := r.accounted(ctx, bal)
 		if err != nil {
 			t.Fatal(err)
