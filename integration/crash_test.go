@@ -162,8 +162,8 @@ func TestKillDuringBackfillAndLive(t *testing.T) {
 // deduplicating by cursor. Both projections end exact.
 func TestPostgresCrashUnderLoad(t *testing.T) {
 	requireServer(t)
-	if !srv.CanRestart() {
-		t.Skipf("the %s server cannot be restarted", srv.Mode())
+	if !srv().CanRestart() {
+		t.Skipf("the %s server cannot be restarted", srv().Mode())
 	}
 	bal, act := balancesProjection(), activityProjection()
 	r := newRig(t, []coreProjection{bal, act}, nil)
@@ -198,7 +198,7 @@ func TestPostgresCrashUnderLoad(t *testing.T) {
 		})
 		time.Sleep(time.Duration(rng.IntN(1000)) * time.Millisecond) // the random crash moment, not synchronisation
 		outages := a.outages.Load()
-		if err := srv.Restart(ctx, true); err != nil {
+		if err := srv().Restart(ctx, true); err != nil {
 			t.Fatalf("crash PostgreSQL: %v", err)
 		}
 		r.pool.Reset() // its connections died with the server

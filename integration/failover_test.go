@@ -883,7 +883,7 @@ func TestFailoverNetworkFaults(t *testing.T) {
 	const p = "netfault"
 	c := newFailoverCluster(t, p)
 	proxy := func() *pgtest.Proxy {
-		pr, err := pgtest.NewProxy(srv.HostPort())
+		pr, err := pgtest.NewProxy(srv().HostPort())
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -492,8 +492,8 @@ func TestFaultHaltOnError(t *testing.T) {
 // the restart breaks every connection to the shared server.
 func TestFaultServerRestart(t *testing.T) {
 	requireServer(t)
-	if !srv.CanRestart() {
-		t.Skipf("%s server cannot be restarted", srv.Mode())
+	if !srv().CanRestart() {
+		t.Skipf("%s server cannot be restarted", srv().Mode())
 	}
 	proj := faultProjection{name: "restart", types: []string{"Tick"}}
 	e, p := startFault(t, 5, "", rounds("r", 6, 10, "Tick", nil), proj)
@@ -502,7 +502,7 @@ func TestFaultServerRestart(t *testing.T) {
 	waitFor(t, waitLong, "load before the restart", func() bool { return w.transactions() >= 20 })
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	if err := srv.Restart(ctx, false); err != nil {
+	if err := srv().Restart(ctx, false); err != nil {
 		t.Fatalf("restart: %v", err)
 	}
 	e.pool.Reset() // the test's own connections did not survive either

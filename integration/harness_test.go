@@ -22,7 +22,7 @@ import (
 // adminQuery runs a one-row query on the maintenance database.
 func adminQuery(t *testing.T, ctx context.Context, sql string, args []any, dest ...any) {
 	t.Helper()
-	conn, err := pgx.Connect(ctx, srv.AdminDSN())
+	conn, err := pgx.Connect(ctx, srv().AdminDSN())
 	if err != nil {
 		t.Fatalf("connect admin: %v", err)
 	}
@@ -66,11 +66,11 @@ func TestHarnessDropDatabaseWithSlots(t *testing.T) {
 	defer cancel()
 
 	name := pgtest.DatabaseName(t.Name())
-	dsn, err := srv.CreateDatabase(ctx, name)
+	dsn, err := srv().CreateDatabase(ctx, name)
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { _ = srv.DropDatabase(context.Background(), name) })
+	t.Cleanup(func() { _ = srv().DropDatabase(context.Background(), name) })
 
 	conn, err := pgx.Connect(ctx, dsn)
 	if err != nil {
@@ -108,7 +108,7 @@ func TestHarnessDropDatabaseWithSlots(t *testing.T) {
 		return active
 	})
 
-	if err := srv.DropDatabase(ctx, name); err != nil {
+	if err := srv().DropDatabase(ctx, name); err != nil {
 		t.Fatalf("DropDatabase: %v", err)
 	}
 	if databaseExists(t, ctx, name) {
@@ -135,7 +135,7 @@ func TestHarnessDropDatabaseWithSlots(t *testing.T) {
 	}
 
 	// Dropping what is not there is not an error.
-	if err := srv.DropDatabase(ctx, name); err != nil {
+	if err := srv().DropDatabase(ctx, name); err != nil {
 		t.Fatalf("second DropDatabase: %v", err)
 	}
 }
@@ -179,13 +179,13 @@ func TestHarnessNewDatabase(t *testing.T) {
 
 func TestHarnessRestartImmediate(t *testing.T) {
 	requireServer(t)
-	if !srv.CanRestart() {
-		t.Skipf("%s server cannot be restarted", srv.Mode())
+	if !srv().CanRestart() {
+		t.Skipf("%s server cannot be restarted", srv().Mode())
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	dsn := newDatabase(t)
-	hostPort := srv.HostPort()
+	hostPort := srv().HostPort()
 
 	conn, err := pgx.Connect(ctx, dsn)
 	if err != nil {
@@ -204,11 +204,11 @@ func TestHarnessRestartImmediate(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	if err := srv.Restart(ctx, true); err != nil {
+	if err := srv().Restart(ctx, true); err != nil {
 		t.Fatalf("Restart(immediate): %v", err)
 	}
-	if srv.HostPort() != hostPort {
-		t.Fatalf("address changed from %s to %s", hostPort, srv.HostPort())
+	if srv().HostPort() != hostPort {
+		t.Fatalf("address changed from %s to %s", hostPort, srv().HostPort())
 	}
 	if err := tx.Commit(ctx); err == nil {
 		t.Fatal("commit on a connection that lived through a crash succeeded")
@@ -231,7 +231,7 @@ func TestHarnessRestartImmediate(t *testing.T) {
 		t.Fatalf("after crash: rows %v, want [1]", got)
 	}
 
-	if err := srv.Restart(ctx, false); err != nil {
+	if err := srv().Restart(ctx, false); err != nil {
 		t.Fatalf("Restart(fast): %v", err)
 	}
 	if got := readAll(); len(got) != 1 || got[0] != 1 {
@@ -245,7 +245,7 @@ func TestHarnessProxy(t *testing.T) {
 	defer cancel()
 	dsn := newDatabase(t)
 
-	p, err := pgtest.NewProxy(srv.HostPort())
+	p, err := pgtest.NewProxy(srv().HostPort())
 	if err != nil {
 		t.Fatal(err)
 	}

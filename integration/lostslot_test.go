@@ -20,7 +20,7 @@ func TestFaultInvalidatedSlot(t *testing.T) {
 	if testing.Short() {
 		t.Skip("integration test")
 	}
-	if !srv.CanRestart() {
+	if !srv().CanRestart() {
 		t.Skip("changes a server-wide setting: only on a server the harness started")
 	}
 	proj := faultProjection{name: "lost", types: []string{"Tick"}}
