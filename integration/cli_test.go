@@ -9,8 +9,6 @@ import (
 	"bufio"
 	"bytes"
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -20,7 +18,6 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -115,43 +112,17 @@ func newCLIEnv(t *testing.T) *cliEnv {
 		t.Fatalf("connect: %v", err)
 	}
 	t.Cleanup(func() { conn.Close(context.Background()) })
-	var b [4]byte
-	if _, err := rand.Read(b[:]); err != nil {
-		t.Fatal(err)
-	}
-	return &cliEnv{t: t, dsn: dsn, dir: t.TempDir(), bin: bin, prefix: "cli" + hex.EncodeToString(b[:]), conn: conn}
+	return &cliEnv{t: t, dsn: dsn, dir: t.TempDir(), bin: bin, prefix: uniqueID("cli"), conn: conn}
 }
 
 // config writes a configuration file and returns its path. source and
 // engine are extra lines for those tables.
 func (e *cliEnv) config(name, source, engine, projections string) string {
 	e.t.Helper()
-	body := fmt.Sprintf(`[database]
-url = %q
-
-[source]
-slot_prefix = %q
-%s
-
-[engine]
-node             = "cli-node"
-standby_poll     = "200ms"
-lag_interval     = "200ms"
-status_interval  = "1s"
-shutdown_timeout = "30s"
-%s
-
-[metrics]
-listen = "127.0.0.1:0"
-
-[log]
-format = "json"
-%s`, e.dsn, e.prefix, source, engine, projections)
-	path := filepath.Join(e.dir, name+".toml")
-	if err := os.WriteFile(path, []byte(body), 0o600); err != nil {
-		e.t.Fatal(err)
-	}
-	return path
+	return newConfig(e.dsn, e.prefix).raw("source", source).with("engine", map[string]string{
+		"node": `"cli-node"`, "standby_poll": `"200ms"`, "lag_interval": `"200ms"`, "status_interval": `"1s"`,
+		"shutdown_timeout": `"30s"`,
+	}).raw("engine", engine).add(projections).write(e.t, filepath.Join(e.dir, name+".toml"))
 }
 
 // cliResult is what one command run gave.
@@ -162,16 +133,6 @@ type cliResult struct {
 
 func (r cliResult) String() string {
 	return fmt.Sprintf("exit %d\nstdout:\n%s\nstderr:\n%s", r.code, r.stdout, r.stderr)
-}
-
-// cliCommand prepares the binary with an environment that cannot override
-// the test's configuration.
-func cliCommand(ctx context.Context, bin string, args ...string) *exec.Cmd {
-	cmd := exec.CommandContext(ctx, bin, args...)
-	cmd.Env = slices.DeleteFunc(os.Environ(), func(kv string) bool {
-		return strings.HasPrefix(kv, "PGSCRIBE_DATABASE_URL=") || strings.HasPrefix(kv, "PGSCRIBE_CONFIG=")
-	})
-	return cmd
 }
 
 // runCLI runs the binary to completion.
@@ -274,13 +235,9 @@ SELECT 'junk-' || b, 1, 'Bogus', jsonb_build_object('n', b) FROM generate_series
 
 // waitAccounted waits until every event is accounted for by the projection
 // version's cursors (applied + skipped + dead-lettered = events).
-func (e *cliEnv) waitAccounted(p *cliEngine, projection string, version int64) {
+func (e *cliEnv) waitAccounted(p *node, projection string, version int) {
 	e.t.Helper()
-	waitFor(e.t, 2*time.Minute, fmt.Sprintf("%s v%d to account for every event", projection, version), func() bool {
-		p.requireRunning()
-		return e.queryInt(`SELECT (SELECT count(*) FROM events) - coalesce((SELECT sum(applied + skipped + dead_lettered)
-FROM pgscribe.cursors WHERE projection = $1 AND version = $2), 0)::bigint`, projection, version) == 0
-	})
+	waitAccounted(e.t, e.conn, 2*time.Minute, projection, version, p.broken)
 }
 
 // balanceDiff counts the rows where the balances table and the independent
@@ -297,77 +254,10 @@ func (e *cliEnv) slotExists(name string) bool {
 	return e.queryInt(`SELECT count(*) FROM pg_replication_slots WHERE slot_name = $1`, name) == 1
 }
 
-// cliEngine is a running `pgscribe run`; its log goes to a file that a
-// failing test prints.
-type cliEngine struct {
-	t    *testing.T
-	cmd  *exec.Cmd
-	log  string
-	done chan struct{}
-	err  error
-}
-
-func (e *cliEnv) start(cfg string) *cliEngine {
+// start runs `pgscribe run` on cfg.
+func (e *cliEnv) start(cfg string) *node {
 	e.t.Helper()
-	logPath := filepath.Join(e.dir, fmt.Sprintf("engine-%d.log", time.Now().UnixNano()))
-	f, err := os.Create(logPath)
-	if err != nil {
-		e.t.Fatal(err)
-	}
-	cmd := cliCommand(context.Background(), e.bin, "run", "-config", cfg)
-	cmd.Stdout, cmd.Stderr = f, f
-	if err := cmd.Start(); err != nil {
-		f.Close()
-		e.t.Fatalf("start pgscribe run: %v", err)
-	}
-	p := &cliEngine{t: e.t, cmd: cmd, log: logPath, done: make(chan struct{})}
-	go func() {
-		p.err = cmd.Wait()
-		f.Close()
-		close(p.done)
-	}()
-	e.t.Cleanup(func() {
-		select {
-		case <-p.done:
-		default:
-			_ = cmd.Process.Kill()
-			<-p.done
-		}
-		if e.t.Failed() {
-			b, _ := os.ReadFile(logPath)
-			e.t.Logf("pgscribe run log (%s):\n%s", logPath, b)
-		}
-	})
-	return p
-}
-
-// requireRunning fails the test when the engine has exited.
-func (p *cliEngine) requireRunning() {
-	p.t.Helper()
-	select {
-	case <-p.done:
-		b, _ := os.ReadFile(p.log)
-		p.t.Fatalf("pgscribe run exited early: %v\n%s", p.err, b)
-	default:
-	}
-}
-
-// stop sends SIGTERM and waits for a clean exit.
-func (p *cliEngine) stop() {
-	p.t.Helper()
-	p.requireRunning()
-	if err := p.cmd.Process.Signal(syscall.SIGTERM); err != nil {
-		p.t.Fatalf("SIGTERM: %v", err)
-	}
-	select {
-	case <-p.done:
-	case <-time.After(90 * time.Second):
-		p.t.Fatalf("pgscribe run did not exit within 90s of SIGTERM")
-	}
-	if p.err != nil {
-		b, _ := os.ReadFile(p.log)
-		p.t.Fatalf("pgscribe run after SIGTERM: %v (want exit 0)\n%s", p.err, b)
-	}
+	return startNode(e.t, fmt.Sprintf("pgscribe-%s", filepath.Base(cfg)), cfg)
 }
 
 // cliStatus is the contract of `status -json`, spelled out with its keys.
@@ -899,7 +789,7 @@ func TestCLICheck(t *testing.T) {
 		// image (like the official one) authenticate with scram-sha-256, and
 		// a role without a password cannot pass SASL (28P01). Local mode
 		// trusts every connection, so the password is simply not asked.
-		role, password := e.prefix+"_app", foRandomHex(12)
+		role, password := e.prefix+"_app", uniqueID("pw")
 		e.exec(fmt.Sprintf(`CREATE ROLE %s LOGIN PASSWORD '%s'`, role, password))
 		t.Cleanup(func() {
 			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)

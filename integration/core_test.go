@@ -31,9 +31,9 @@ func TestBackfillThenLive(t *testing.T) {
 	r.waitUntil(time.Minute, "writers to append", func(context.Context) (bool, error) { return a.events.Load() > 200, nil })
 
 	s := r.start()
-	s.waitLogCount(time.Minute, `msg="backfill started"`, 2)
+	r.waitLog(s, time.Minute, `msg="backfill started"`, 2)
 	atStart := a.events.Load()
-	s.waitLogCount(3*time.Minute, `msg="backfill complete"`, 2)
+	r.waitLog(s, 3*time.Minute, `msg="backfill complete"`, 2)
 	atLive := a.events.Load()
 	if atLive <= atStart {
 		t.Errorf("no event appended while backfilling (%d before, %d after)", atStart, atLive)
@@ -84,7 +84,7 @@ func TestTwoProjectionsExact(t *testing.T) {
 	a.start(4, seed)
 
 	s := r.start()
-	s.waitLog(time.Minute, `msg="backfill complete" projection=balances`)
+	r.waitLog(s, time.Minute, `msg="backfill complete" projection=balances`, 1)
 	mark := a.events.Load()
 	r.waitUntil(time.Minute, "writers to append while balances is live", func(context.Context) (bool, error) {
 		return a.events.Load() > mark+1000, nil
@@ -93,8 +93,8 @@ func TestTwoProjectionsExact(t *testing.T) {
 
 	r.setProjections(bal, stats)
 	s = r.start()
-	s.waitLog(time.Minute, `msg="resuming from slot" projection=balances`)
-	s.waitLog(time.Minute, `msg="backfill complete" projection=stream_stats`)
+	r.waitLog(s, time.Minute, `msg="resuming from slot" projection=balances`, 1)
+	r.waitLog(s, time.Minute, `msg="backfill complete" projection=stream_stats`, 1)
 	mark = a.events.Load()
 	r.waitUntil(time.Minute, "writers to append while both are live", func(context.Context) (bool, error) {
 		return a.events.Load() > mark+1000, nil
@@ -432,9 +432,9 @@ func TestGracefulStopUnderLoad(t *testing.T) {
 	defer cancel()
 
 	const shutdownTimeout = 30 * time.Second // rigEngineDefaults
-	backfillProgress := func(s *scribe) {
+	backfillProgress := func(s *node) {
 		t.Helper()
-		s.waitLog(time.Minute, `msg="backfill started" projection=balances`)
+		r.waitLog(s, time.Minute, `msg="backfill started" projection=balances`, 1)
 		before, err := r.accounted(ctx, bal)
 		if err != nil {
 			t.Fatal(err)

@@ -43,7 +43,7 @@ func TestKillDuringBackfillAndLive(t *testing.T) {
 	kills := 0
 	for i := range backfillKills {
 		s := r.start()
-		s.waitLog(2*time.Minute, `msg="backfill started" projection=balances`)
+		r.waitLog(s, 2*time.Minute, `msg="backfill started" projection=balances`, 1)
 		// The log line comes before the watermark row that records the
 		// phase is committed: a kill in between would find no phase at
 		// all. Wait for the row, so that every kill hits a backfill that

@@ -1,324 +1,808 @@
 package integration
 
+// The harness every test of this package builds on (doc.go lists it):
+// waits, the configuration file, names, the oracles, and the pgscribe
+// process (node). The families of tests (core/crash: rig, faults: faultEnv,
+// failover: foCluster, metrics, cli: cliEnv) are environments on top of it.
+
 import (
+	"bufio"
 	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
 	"errors"
-	"net/url"
+	"fmt"
+	"io"
+	"net/http"
 	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
 	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
-	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
-
-	"github.com/pgscribe/pgscribe/internal/pgtest"
+	dto "github.com/prometheus/client_model/go"
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
 )
 
-// Tests of the test harness itself (internal/pgtest) against the shared
-// server: what every other test in this package relies on.
+// ---- waits
 
-// adminQuery runs a one-row query on the maintenance database.
-func adminQuery(t *testing.T, ctx context.Context, sql string, args []any, dest ...any) {
+// waitLong bounds every wait for the engine (catch-up, a halt, a log line):
+// generous for a loaded 2-core machine, never reached when things work.
+const waitLong = 90 * time.Second
+
+// waitUntil polls cond until it holds, failing t at the deadline, on an
+// error of cond, or as soon as one of broken reports a reason (a process
+// that exited: nothing would change any more). Each call of cond gets a
+// context of its own, bounded to 30s.
+func waitUntil(t testing.TB, timeout time.Duration, what string, cond func(ctx context.Context) (bool, error), broken ...func() string) {
 	t.Helper()
-	conn, err := pgx.Connect(ctx, srv().AdminDSN())
-	if err != nil {
-		t.Fatalf("connect admin: %v", err)
-	}
-	defer conn.Close(context.WithoutCancel(ctx))
-	if err := conn.QueryRow(ctx, sql, args...).Scan(dest...); err != nil {
-		t.Fatalf("%s: %v", sql, err)
+	if !poll(t, timeout, what, cond, broken...) {
+		t.Fatalf("timed out after %s waiting for %s", timeout, what)
 	}
 }
 
-func databaseExists(t *testing.T, ctx context.Context, name string) bool {
-	t.Helper()
-	var exists bool
-	adminQuery(t, ctx, "SELECT EXISTS (SELECT FROM pg_database WHERE datname = $1)", []any{name}, &exists)
-	return exists
-}
-
-func dbName(t *testing.T, dsn string) string {
-	t.Helper()
-	u, err := url.Parse(dsn)
-	if err != nil {
-		t.Fatalf("parse dsn: %v", err)
-	}
-	return strings.TrimPrefix(u.Path, "/")
-}
-
-// waitFor polls cond until it holds or the deadline passes.
-func waitFor(t *testing.T, timeout time.Duration, what string, cond func() bool) {
+// poll is waitUntil that returns false at the deadline instead of failing.
+func poll(t testing.TB, timeout time.Duration, what string, cond func(ctx context.Context) (bool, error), broken ...func() string) bool {
 	t.Helper()
 	deadline := time.Now().Add(timeout)
-	for !cond() {
+	for {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		ok, err := cond(ctx)
+		cancel()
+		if err != nil {
+			t.Fatalf("waiting for %s: %v", what, err)
+		}
+		if ok {
+			return true
+		}
+		for _, b := range broken {
+			if why := b(); why != "" {
+				t.Fatalf("waiting for %s: %s", what, why)
+			}
+		}
 		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %s waiting for %s", timeout, what)
+			return false
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
 }
 
-func TestHarnessDropDatabaseWithSlots(t *testing.T) {
-	requireServer(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
+// waitFor is waitUntil for a condition that cannot fail.
+func waitFor(t testing.TB, timeout time.Duration, what string, cond func() bool) {
+	t.Helper()
+	waitUntil(t, timeout, what, func(context.Context) (bool, error) { return cond(), nil })
+}
 
-	name := pgtest.DatabaseName(t.Name())
-	dsn, err := srv().CreateDatabase(ctx, name)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = srv().DropDatabase(context.Background(), name) })
+// ---- names
 
-	conn, err := pgx.Connect(ctx, dsn)
-	if err != nil {
-		t.Fatal(err)
+// uniqueID returns kind followed by random hex: slot prefixes and role
+// names, which are server-wide, never collide between tests or binaries.
+func uniqueID(kind string) string {
+	var b [4]byte
+	_, _ = rand.Read(b[:])
+	return kind + hex.EncodeToString(b[:])
+}
+
+// slotName is the replication slot pgscribe creates for a projection
+// version (DESIGN: <slot_prefix>_<projection>_v<version>).
+func slotName(prefix, projection string, version int) string {
+	return fmt.Sprintf("%s_%s_v%d", prefix, projection, version)
+}
+
+// ---- configuration
+
+// config is a pgscribe configuration file: sections of key = value lines
+// (values are TOML, written as given), then the projections. newConfig
+// sets what every test wants; set overrides or adds a key.
+type config struct {
+	sections    map[string][][2]string
+	extra       map[string]string // verbatim lines per section
+	projections []string
+}
+
+// configSections is the order of the sections in the file.
+var configSections = []string{"database", "source", "engine", "retry", "metrics", "log"}
+
+// newConfig starts a configuration for the database at dsn ("" leaves the
+// URL to PGSCRIBE_DATABASE_URL) with the given slot prefix: metrics on a
+// free port, JSON logs.
+func newConfig(dsn, slotPrefix string) *config {
+	c := &config{sections: map[string][][2]string{}, extra: map[string]string{}}
+	if dsn != "" {
+		c.set("database", "url", fmt.Sprintf("%q", dsn))
 	}
-	defer conn.Close(ctx)
-	for _, sql := range []string{
-		"CREATE TABLE events (id bigserial PRIMARY KEY, body text)",
-		"CREATE PUBLICATION harness_pub FOR TABLE events WITH (publish = 'insert')",
-		"SELECT pg_create_logical_replication_slot('harness_idle', 'pgoutput')",
-	} {
-		if _, err := conn.Exec(ctx, sql); err != nil {
-			t.Fatalf("%s: %v", sql, err)
+	c.set("source", "slot_prefix", fmt.Sprintf("%q", slotPrefix))
+	c.set("metrics", "listen", `"127.0.0.1:0"`)
+	c.set("log", "format", `"json"`)
+	return c
+}
+
+// set sets key to the TOML value in section.
+func (c *config) set(section, key, value string) *config {
+	kvs := c.sections[section]
+	for i := range kvs {
+		if kvs[i][0] == key {
+			kvs[i][1] = value
+			return c
 		}
 	}
+	c.sections[section] = append(kvs, [2]string{key, value})
+	return c
+}
 
-	// A slot held by a live walsender, as a running pgscribe holds its own.
-	repl, err := pgconn.Connect(ctx, dsn+"&replication=database")
-	if err != nil {
-		t.Fatalf("replication connection: %v", err)
-	}
-	defer repl.Close(context.WithoutCancel(ctx))
-	if _, err := pglogrepl.CreateReplicationSlot(ctx, repl, "harness_active", "pgoutput", pglogrepl.CreateReplicationSlotOptions{}); err != nil {
-		t.Fatalf("create slot: %v", err)
-	}
-	err = pglogrepl.StartReplication(ctx, repl, "harness_active", 0, pglogrepl.StartReplicationOptions{
-		PluginArgs: []string{"proto_version '1'", "publication_names 'harness_pub'"},
-	})
-	if err != nil {
-		t.Fatalf("start replication: %v", err)
-	}
-	waitFor(t, 30*time.Second, "the slot to be active", func() bool {
-		var active bool
-		adminQuery(t, ctx, "SELECT coalesce(bool_or(active), false) FROM pg_replication_slots WHERE slot_name = 'harness_active'", nil, &active)
-		return active
-	})
-
-	if err := srv().DropDatabase(ctx, name); err != nil {
-		t.Fatalf("DropDatabase: %v", err)
-	}
-	if databaseExists(t, ctx, name) {
-		t.Fatalf("database %s still exists", name)
-	}
-	var slots int
-	adminQuery(t, ctx, "SELECT count(*) FROM pg_replication_slots WHERE slot_name IN ('harness_idle', 'harness_active')", nil, &slots)
-	if slots != 0 {
-		t.Fatalf("%d replication slots left", slots)
-	}
-
-	// The walsender was terminated: the stream ends with an error well
-	// before the deadline.
-	rctx, rcancel := context.WithTimeout(ctx, 30*time.Second)
-	defer rcancel()
-	for {
-		_, err := repl.ReceiveMessage(rctx)
-		if err != nil {
-			if rctx.Err() != nil {
-				t.Fatalf("replication connection still open after DropDatabase")
+// with sets every key of kv (TOML values) in section, in sorted order.
+func (c *config) with(section string, kv map[string]string) *config {
+	for _, k := range slices.Sorted(func(yield func(string) bool) {
+		for k := range kv {
+			if !yield(k) {
+				return
 			}
+		}
+	}) {
+		c.set(section, k, kv[k])
+	}
+	return c
+}
+
+// raw appends verbatim lines to section.
+func (c *config) raw(section, lines string) *config {
+	c.extra[section] += lines + "\n"
+	return c
+}
+
+// add appends [[projection]] blocks (TOML).
+func (c *config) add(projections ...string) *config {
+	c.projections = append(c.projections, projections...)
+	return c
+}
+
+func (c *config) String() string {
+	var b strings.Builder
+	for _, s := range configSections {
+		if len(c.sections[s]) == 0 && c.extra[s] == "" {
+			continue
+		}
+		fmt.Fprintf(&b, "[%s]\n", s)
+		for _, kv := range c.sections[s] {
+			fmt.Fprintf(&b, "%s = %s\n", kv[0], kv[1])
+		}
+		b.WriteString(c.extra[s])
+		b.WriteString("\n")
+	}
+	for _, p := range c.projections {
+		b.WriteString(p)
+	}
+	return b.String()
+}
+
+// write writes the file to path and returns path.
+func (c *config) write(t testing.TB, path string) string {
+	t.Helper()
+	if err := os.WriteFile(path, []byte(c.String()), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
+// ---- oracles
+
+// querier is what the oracles need of a connection or pool.
+type querier interface {
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}
+
+// accountedSQL is the conservation side of the cursors: how many events a
+// projection version accounts for (applied + skipped + dead_lettered).
+const accountedSQL = `SELECT coalesce(sum(applied + skipped + dead_lettered), 0)::bigint
+FROM pgscribe.cursors WHERE projection = $1 AND version = $2`
+
+// accounted is how many events the projection version's cursors account for.
+func accounted(ctx context.Context, q querier, projection string, version int) (int64, error) {
+	var n int64
+	err := q.QueryRow(ctx, accountedSQL, projection, version).Scan(&n)
+	return n, err
+}
+
+// eventCount is the number of rows in the events table.
+func eventCount(ctx context.Context, q querier) (int64, error) {
+	var n int64
+	err := q.QueryRow(ctx, `SELECT count(*) FROM events`).Scan(&n)
+	return n, err
+}
+
+// waitAccounted waits until the projection version accounts for every
+// event of the table (conservation by the counts; writers must be
+// stopped), failing at once when it accounts for more, or when broken
+// reports a reason.
+func waitAccounted(t testing.TB, q querier, timeout time.Duration, projection string, version int, broken ...func() string) {
+	t.Helper()
+	var got, want int64
+	ok := poll(t, timeout, projection+" to account for every event", func(ctx context.Context) (bool, error) {
+		var err error
+		if want, err = eventCount(ctx, q); err != nil {
+			return false, err
+		}
+		if got, err = accounted(ctx, q, projection, version); err != nil {
+			return false, err
+		}
+		return got >= want, nil
+	}, broken...)
+	switch {
+	case got > want:
+		t.Fatalf("projection %s v%d accounts for %d events, the table has %d", projection, version, got, want)
+	case !ok:
+		t.Fatalf("timed out after %s: projection %s v%d accounts for %d of %d events", timeout, projection, version, got, want)
+	}
+}
+
+// sameRows fails t when the got and want queries (sharing args) do not
+// return the same multiset of rows, with a sample of the rows missing and
+// extra.
+func sameRows(t testing.TB, q querier, what, got, want string, args ...any) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	var missing, extra []string
+	rows, err := q.Query(ctx, `WITH got AS (`+got+`), want AS (`+want+`)
+SELECT 'missing', w::text FROM (SELECT * FROM want EXCEPT ALL SELECT * FROM got) w
+UNION ALL
+SELECT 'extra', g::text FROM (SELECT * FROM got EXCEPT ALL SELECT * FROM want) g ORDER BY 2`, args...)
+	if err != nil {
+		t.Fatalf("compare %s: %v", what, err)
+	}
+	var side, row string
+	if _, err := pgx.ForEachRow(rows, []any{&side, &row}, func() error {
+		if side == "missing" {
+			missing = append(missing, row)
+		} else {
+			extra = append(extra, row)
+		}
+		return nil
+	}); err != nil {
+		t.Fatalf("compare %s: %v", what, err)
+	}
+	if len(missing)+len(extra) > 0 {
+		t.Errorf("%s differs from the events table: %d rows missing %s, %d rows extra %s",
+			what, len(missing), firstFew(missing), len(extra), firstFew(extra))
+	}
+}
+
+func firstFew(rows []string) string {
+	if len(rows) > 5 {
+		return fmt.Sprint(rows[:5], " …")
+	}
+	return fmt.Sprint(rows)
+}
+
+// ---- the pgscribe process
+
+// cliCommand prepares the binary with an environment that cannot override
+// the test's configuration.
+func cliCommand(ctx context.Context, bin string, args ...string) *exec.Cmd {
+	cmd := exec.CommandContext(ctx, bin, args...)
+	cmd.Env = slices.DeleteFunc(os.Environ(), func(kv string) bool {
+		return strings.HasPrefix(kv, "PGSCRIBE_DATABASE_URL=") || strings.HasPrefix(kv, "PGSCRIBE_CONFIG=")
+	})
+	return cmd
+}
+
+// migrate runs `pgscribe migrate -events-table` with the configuration:
+// the engine schema, the events table and the publication.
+func migrate(t testing.TB, config string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	if out, err := cliCommand(ctx, pgscribeBinary(t), "migrate", "-config", config, "-events-table").CombinedOutput(); err != nil {
+		t.Fatalf("pgscribe migrate: %v\n%s", err, out)
+	}
+}
+
+// node is `pgscribe run` as a child process, restartable: start runs it
+// (again), every run's output is kept. JSON log lines are parsed into
+// records (other lines become records with only msg); the metrics
+// listener's address is read from the "metrics listening" record. When the
+// test ends the process is killed, its output checked for data races and
+// panics, and on failure its tail is logged and the whole saved.
+type node struct {
+	t      *testing.T
+	name   string
+	args   []string // after the binary: run -config …
+	env    []string // added to the environment
+	output string   // path of the file with every run's output
+
+	mu      sync.Mutex
+	cmd     *exec.Cmd
+	done    chan struct{} // closed when the current run has exited
+	exitErr error
+	state   *os.ProcessState
+	lines   []string
+	records []map[string]any
+	addr    string // metrics listener of the current run
+	// expectExit is set before the test stops or kills the process, so
+	// that an exit does not count as broken.
+	expectExit atomic.Bool
+}
+
+// newNode prepares (does not start) `pgscribe run -config config` named
+// name. env is added to the environment: PGSCRIBE_DATABASE_URL and
+// PGSCRIBE_CONFIG are cleared first, so the configuration file decides.
+func newNode(t *testing.T, name, config string, env ...string) *node {
+	t.Helper()
+	n := &node{t: t, name: name, args: []string{"run", "-config", config},
+		env:    append([]string{"PGSCRIBE_DATABASE_URL=", "PGSCRIBE_CONFIG=", "GORACE=atexit_sleep_ms=0 halt_on_error=0"}, env...),
+		output: filepath.Join(t.TempDir(), name+".log")}
+	t.Cleanup(n.cleanup)
+	return n
+}
+
+// startNode is newNode and start.
+func startNode(t *testing.T, name, config string, env ...string) *node {
+	t.Helper()
+	n := newNode(t, name, config, env...)
+	n.start()
+	return n
+}
+
+// start runs the process (again) and waits for its metrics listener when
+// the configuration has one.
+func (n *node) start() {
+	n.t.Helper()
+	n.startNoWait()
+	if n.listens() {
+		n.waitAddr()
+	}
+}
+
+// startNoWait runs the process without waiting for anything.
+func (n *node) startNoWait() {
+	n.t.Helper()
+	out, err := os.OpenFile(n.output, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+	if err != nil {
+		n.t.Fatal(err)
+	}
+	cmd := exec.Command(pgscribeBinary(n.t), n.args...)
+	cmd.Env = append(os.Environ(), n.env...)
+	cmd.Stdout = io.Discard
+	stderr, err := cmd.StderrPipe()
+	if err != nil {
+		n.t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		n.t.Fatalf("start %s: %v", n.name, err)
+	}
+	exited := make(chan struct{})
+	n.mu.Lock()
+	n.cmd, n.done, n.exitErr, n.state, n.addr = cmd, exited, nil, nil, ""
+	n.mu.Unlock()
+	n.expectExit.Store(false)
+	go func() {
+		sc := bufio.NewScanner(stderr)
+		sc.Buffer(make([]byte, 64<<10), 4<<20)
+		for sc.Scan() {
+			fmt.Fprintf(out, "%s\n", sc.Bytes())
+			n.addLine(sc.Text())
+		}
+		err := cmd.Wait()
+		out.Close()
+		n.mu.Lock()
+		n.exitErr, n.state = err, cmd.ProcessState
+		n.mu.Unlock()
+		close(exited)
+	}()
+}
+
+// listens reports whether the configuration sets a metrics listener,
+// which start then waits for.
+func (n *node) listens() bool {
+	b, err := os.ReadFile(n.args[len(n.args)-1])
+	return err == nil && !strings.Contains(string(b), `listen = "off"`)
+}
+
+func (n *node) waitAddr() {
+	n.t.Helper()
+	waitFor(n.t, 60*time.Second, n.name+" to listen for metrics", func() bool {
+		if !n.running() {
+			n.t.Fatalf("%s exited at start-up: %v\n%s", n.name, n.err(), n.tail(20))
+		}
+		return n.metricsAddr() != ""
+	})
+}
+
+func (n *node) addLine(line string) {
+	var rec map[string]any
+	if json.Unmarshal([]byte(line), &rec) != nil {
+		rec = map[string]any{"msg": line, "raw": true}
+	}
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	n.lines = append(n.lines, line)
+	n.records = append(n.records, rec)
+	if rec["msg"] == "metrics listening" && n.addr == "" {
+		n.addr, _ = rec["addr"].(string)
+	}
+}
+
+func (n *node) metricsAddr() string {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return n.addr
+}
+
+// running reports whether the current run has not exited.
+func (n *node) running() bool {
+	n.mu.Lock()
+	exited := n.done
+	n.mu.Unlock()
+	if exited == nil {
+		return false
+	}
+	select {
+	case <-exited:
+		return false
+	default:
+		return true
+	}
+}
+
+// exited is !running.
+func (n *node) exited() bool { return !n.running() }
+
+// err is the current run's exit error (nil while it runs or after exit 0).
+func (n *node) err() error {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return n.exitErr
+}
+
+// broken says why the node can no longer make progress: it exited without
+// being told to; "" if not. For waitUntil.
+func (n *node) broken() string {
+	if n.exited() && !n.expectExit.Load() {
+		return fmt.Sprintf("%s exited unexpectedly (%v)", n.name, n.err())
+	}
+	return ""
+}
+
+// brokenOrHalted is broken, or a projection halted.
+func (n *node) brokenOrHalted() string {
+	if why := n.broken(); why != "" {
+		return why
+	}
+	if n.logText("projection halted") > 0 {
+		return n.name + " halted a projection"
+	}
+	return ""
+}
+
+// requireRunning fails t when the node has exited.
+func (n *node) requireRunning() {
+	n.t.Helper()
+	if n.exited() {
+		n.t.Fatalf("%s exited early: %v\n%s", n.name, n.err(), n.tail(40))
+	}
+}
+
+func (n *node) pid() int {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return n.cmd.Process.Pid
+}
+
+func (n *node) signal(sig syscall.Signal) {
+	n.t.Helper()
+	if sig == syscall.SIGKILL || sig == syscall.SIGTERM {
+		n.expectExit.Store(true)
+	}
+	if err := syscall.Kill(n.pid(), sig); err != nil {
+		n.t.Fatalf("signal %s to %s: %v", sig, n.name, err)
+	}
+}
+
+// wait waits for the current run to exit and returns its exit code.
+func (n *node) wait(timeout time.Duration) int {
+	n.t.Helper()
+	n.mu.Lock()
+	exited := n.done
+	n.mu.Unlock()
+	select {
+	case <-exited:
+	case <-time.After(timeout):
+		n.t.Fatalf("%s still running %s after being told to stop", n.name, timeout)
+	}
+	err := n.err()
+	var ee *exec.ExitError
+	if errors.As(err, &ee) {
+		return ee.ExitCode()
+	}
+	if err != nil {
+		n.t.Fatalf("%s: %v", n.name, err)
+	}
+	return 0
+}
+
+// kill sends SIGKILL and waits for the process to be gone.
+func (n *node) kill() {
+	n.t.Helper()
+	n.signal(syscall.SIGKILL)
+	n.wait(30 * time.Second)
+}
+
+// terminate sends SIGTERM and requires a clean exit (code 0) within
+// timeout. It returns how long the stop took.
+func (n *node) terminate(timeout time.Duration) time.Duration {
+	n.t.Helper()
+	n.requireRunning()
+	start := time.Now()
+	n.signal(syscall.SIGTERM)
+	code := n.wait(timeout)
+	took := time.Since(start)
+	if code != 0 {
+		n.t.Fatalf("%s exited with code %d after SIGTERM, want 0\n%s", n.name, code, n.tail(40))
+	}
+	return took
+}
+
+// stop is terminate with 90s to exit.
+func (n *node) stop() { n.t.Helper(); n.terminate(90 * time.Second) }
+
+// tail returns the last k output lines of every run.
+func (n *node) tail(k int) string {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	var b strings.Builder
+	for _, l := range n.lines[max(0, len(n.lines)-k):] {
+		fmt.Fprintf(&b, "  %s: %s\n", n.name, l)
+	}
+	return b.String()
+}
+
+// cleanup kills a run still going, fails the test on a data race or panic
+// in any run, and on failure logs the tail of the output.
+func (n *node) cleanup() {
+	if n.running() {
+		n.expectExit.Store(true)
+		_ = syscall.Kill(n.pid(), syscall.SIGCONT) // a stopped process cannot die
+		_ = syscall.Kill(n.pid(), syscall.SIGKILL)
+		n.mu.Lock()
+		exited := n.done
+		n.mu.Unlock()
+		<-exited
+	}
+	n.mu.Lock()
+	out := strings.Join(n.lines, "\n")
+	n.mu.Unlock()
+	for _, bad := range []string{"WARNING: DATA RACE", "panic:", "fatal error:"} {
+		if strings.Contains(out, bad) {
+			n.t.Errorf("%s output contains %q", n.name, bad)
+		}
+	}
+	if n.t.Failed() {
+		n.t.Logf("%s (%v), last lines (all in %s):\n%s", n.name, n.err(), n.output, n.tail(60))
+		if keep := filepath.Join(os.TempDir(), strings.ReplaceAll(n.t.Name(), "/", "_")+"-"+n.name+".log"); keep != "" {
+			if b, err := os.ReadFile(n.output); err == nil && os.WriteFile(keep, b, 0o644) == nil {
+				n.t.Logf("%s: full output kept in %s", n.name, keep)
+			}
+		}
+	}
+}
+
+// ---- its log
+
+// logMsg matches records by message prefix and, optionally, projection.
+func logMsg(msgPrefix, projection string) func(map[string]any) bool {
+	return func(r map[string]any) bool {
+		m, _ := r["msg"].(string)
+		return strings.HasPrefix(m, msgPrefix) && (projection == "" || r["projection"] == projection)
+	}
+}
+
+// findLog returns the first record matching match, or nil.
+func (n *node) findLog(match func(map[string]any) bool) map[string]any {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	for _, r := range n.records {
+		if match(r) {
+			return r
+		}
+	}
+	return nil
+}
+
+// countLog counts the records matching match.
+func (n *node) countLog(match func(map[string]any) bool) int { return n.countLogAfter(0, match) }
+
+// mark returns the number of log lines so far, for countLogAfter.
+func (n *node) mark() int {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return len(n.records)
+}
+
+// countLogAfter counts the records after mark matching match.
+func (n *node) countLogAfter(mark int, match func(map[string]any) bool) int {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	k := 0
+	for _, r := range n.records[mark:] {
+		if match(r) {
+			k++
+		}
+	}
+	return k
+}
+
+// logged reports whether a record's msg contains msg.
+func (n *node) logged(msg string) bool { return n.loggedAfter(0, msg) }
+
+// loggedAfter reports whether a record after mark has a msg containing msg.
+func (n *node) loggedAfter(mark int, msg string) bool {
+	return n.countLogAfter(mark, func(r map[string]any) bool {
+		s, _ := r["msg"].(string)
+		return strings.Contains(s, msg)
+	}) > 0
+}
+
+// waitLog waits for a record matching match and returns it; it fails t
+// when the process exits first.
+func (n *node) waitLog(timeout time.Duration, what string, match func(map[string]any) bool) map[string]any {
+	n.t.Helper()
+	var rec map[string]any
+	waitFor(n.t, timeout, n.name+" to log "+what, func() bool {
+		if rec = n.findLog(match); rec != nil {
+			return true
+		}
+		if n.exited() {
+			n.t.Fatalf("%s exited (%v) before logging %s", n.name, n.err(), what)
+		}
+		return false
+	})
+	return rec
+}
+
+// logText counts the output lines containing substr (for the rig's text
+// logs, whose records are not parsed).
+func (n *node) logText(substr string) int {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	k := 0
+	for _, l := range n.lines {
+		if strings.Contains(l, substr) {
+			k++
+		}
+	}
+	return k
+}
+
+// waitText waits until the output holds k lines containing substr.
+func (n *node) waitText(timeout time.Duration, substr string, k int) {
+	n.t.Helper()
+	waitUntil(n.t, timeout, fmt.Sprintf("%s to log %q %d times", n.name, substr, k), func(context.Context) (bool, error) {
+		return n.logText(substr) >= k, nil
+	}, n.brokenOrHalted)
+}
+
+// logString is a record's attribute as text ("" when absent).
+func logString(r map[string]any, key string) string {
+	switch v := r[key].(type) {
+	case nil:
+		return ""
+	case string:
+		return v
+	default:
+		return fmt.Sprint(v)
+	}
+}
+
+// ---- its HTTP listener
+
+// getTimeout bounds a GET of the node's listener: short, because a
+// frozen (SIGSTOP) node must not hold up the tests that poll it.
+const getTimeout = 2 * time.Second
+
+var nodeHTTP = &http.Client{Timeout: getTimeout}
+
+// get returns the status and body of a path on the node's listener,
+// failing t when it does not answer (retrying for a while: a scrape of a
+// loaded process can take longer than one try allows).
+func (n *node) get(path string) (int, string) {
+	n.t.Helper()
+	var code int
+	var body string
+	var err error
+	for try := 0; try < 5; try++ {
+		if code, body, err = n.tryGet(path); err == nil {
 			break
 		}
 	}
-
-	// Dropping what is not there is not an error.
-	if err := srv().DropDatabase(ctx, name); err != nil {
-		t.Fatalf("second DropDatabase: %v", err)
+	if err != nil {
+		n.t.Fatalf("GET %s on %s: %v", path, n.name, err)
 	}
+	return code, body
 }
 
-func TestHarnessNewDatabase(t *testing.T) {
-	requireServer(t)
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-
-	var name string
-	t.Run("inner", func(t *testing.T) {
-		dsn := newDatabase(t)
-		name = dbName(t, dsn)
-		conn, err := pgx.Connect(ctx, dsn)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer conn.Close(ctx)
-		var current string
-		var tables int
-		err = conn.QueryRow(ctx, `SELECT current_database(),
-			(SELECT count(*) FROM pg_tables WHERE schemaname = 'public')`).Scan(&current, &tables)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if current != name || tables != 0 {
-			t.Fatalf("got database %q with %d tables, want empty %q", current, tables, name)
-		}
-		// Leave a session open: the cleanup must cope with it.
-		if _, err := conn.Exec(ctx, "CREATE TABLE leftover (x int)"); err != nil {
-			t.Fatal(err)
-		}
-	})
-	if name == "" {
-		t.Fatal("subtest did not run")
+// tryGet is get that reports a failure to answer.
+func (n *node) tryGet(path string) (int, string, error) {
+	resp, err := nodeHTTP.Get("http://" + n.metricsAddr() + path)
+	if err != nil {
+		return 0, "", err
 	}
-	if databaseExists(t, ctx, name) {
-		t.Fatalf("database %s survived its test", name)
-	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b), err
 }
 
-func TestHarnessRestartImmediate(t *testing.T) {
-	requireServer(t)
-	if !srv().CanRestart() {
-		t.Skipf("%s server cannot be restarted", srv().Mode())
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-	defer cancel()
-	dsn := newDatabase(t)
-	hostPort := srv().HostPort()
+// scrape is one /metrics answer, parsed.
+type scrape map[string]*dto.MetricFamily
 
-	conn, err := pgx.Connect(ctx, dsn)
+func (n *node) scrape() scrape {
+	n.t.Helper()
+	code, body := n.get("/metrics")
+	if code != http.StatusOK {
+		n.t.Fatalf("/metrics on %s: %d", n.name, code)
+	}
+	parser := expfmt.NewTextParser(model.UTF8Validation)
+	fams, err := parser.TextToMetricFamilies(strings.NewReader(body))
 	if err != nil {
-		t.Fatal(err)
+		n.t.Fatalf("parse /metrics of %s: %v", n.name, err)
 	}
-	defer conn.Close(context.WithoutCancel(ctx))
-	if _, err := conn.Exec(ctx, "CREATE TABLE t (x int); INSERT INTO t VALUES (1)"); err != nil {
-		t.Fatal(err)
-	}
-	// An open transaction: the crash must lose it.
-	tx, err := conn.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := tx.Exec(ctx, "INSERT INTO t VALUES (2)"); err != nil {
-		t.Fatal(err)
-	}
-
-	if err := srv().Restart(ctx, true); err != nil {
-		t.Fatalf("Restart(immediate): %v", err)
-	}
-	if srv().HostPort() != hostPort {
-		t.Fatalf("address changed from %s to %s", hostPort, srv().HostPort())
-	}
-	if err := tx.Commit(ctx); err == nil {
-		t.Fatal("commit on a connection that lived through a crash succeeded")
-	}
-
-	readAll := func() []int32 {
-		t.Helper()
-		conn, err := pgx.Connect(ctx, dsn)
-		if err != nil {
-			t.Fatalf("connect after restart: %v", err)
-		}
-		defer conn.Close(ctx)
-		var xs []int32
-		if err := conn.QueryRow(ctx, "SELECT coalesce(array_agg(x ORDER BY x), '{}') FROM t").Scan(&xs); err != nil {
-			t.Fatal(err)
-		}
-		return xs
-	}
-	if got := readAll(); len(got) != 1 || got[0] != 1 {
-		t.Fatalf("after crash: rows %v, want [1]", got)
-	}
-
-	if err := srv().Restart(ctx, false); err != nil {
-		t.Fatalf("Restart(fast): %v", err)
-	}
-	if got := readAll(); len(got) != 1 || got[0] != 1 {
-		t.Fatalf("after fast restart: rows %v, want [1]", got)
-	}
+	return fams
 }
 
-func TestHarnessProxy(t *testing.T) {
-	requireServer(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	dsn := newDatabase(t)
-
-	p, err := pgtest.NewProxy(srv().HostPort())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer p.Close()
-	pdsn, err := p.DSN(dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg, err := pgx.ParseConfig(pdsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg.ConnectTimeout = 5 * time.Second
-	connect := func() (*pgx.Conn, error) { return pgx.ConnectConfig(ctx, cfg) }
-	// mustPing connects through the proxy and checks the connection works.
-	mustPing := func(when string) *pgx.Conn {
-		t.Helper()
-		conn, err := connect()
-		if err == nil {
-			t.Cleanup(func() { conn.Close(context.WithoutCancel(ctx)) })
-			err = conn.Ping(ctx)
+// value returns the value of the series of a gauge or counter (the sample
+// count of a histogram) whose labels include labels; ok is false when
+// there is none.
+func (s scrape) value(name string, labels map[string]string) (float64, bool) {
+series:
+	for _, m := range s[name].GetMetric() {
+		got := map[string]string{}
+		for _, l := range m.GetLabel() {
+			got[l.GetName()] = l.GetValue()
 		}
-		if err != nil {
-			t.Fatalf("connect through proxy %s: %v", when, err)
+		for k, v := range labels {
+			if got[k] != v {
+				continue series
+			}
 		}
-		return conn
+		switch {
+		case m.Gauge != nil:
+			return m.GetGauge().GetValue(), true
+		case m.Counter != nil:
+			return m.GetCounter().GetValue(), true
+		case m.Histogram != nil:
+			return float64(m.GetHistogram().GetSampleCount()), true
+		}
 	}
-
-	conn := mustPing("at first")
-	p.Cut()
-	qctx, qcancel := context.WithTimeout(ctx, 20*time.Second)
-	_, err = conn.Exec(qctx, "SELECT 1")
-	qcancel()
-	if err == nil {
-		t.Fatal("query on a cut connection succeeded")
-	}
-	if errors.Is(err, context.DeadlineExceeded) {
-		t.Fatalf("cut connection hung instead of failing: %v", err)
-	}
-	if c, err := connect(); err == nil {
-		c.Close(ctx)
-		t.Fatal("new connection went through a cut proxy")
-	}
-	p.Restore()
-	conn = mustPing("after Restore")
-
-	// A blackhole keeps the connection open but silent: the query can
-	// only end by its own deadline, and after Restore traffic flows again.
-	p.Blackhole()
-	bctx, bcancel := context.WithTimeout(ctx, 300*time.Millisecond)
-	var one int
-	err = conn.QueryRow(bctx, "SELECT 1").Scan(&one)
-	bcancel()
-	if err == nil {
-		t.Fatal("query through a blackhole succeeded")
-	}
-	p.Restore()
-	mustPing("after a blackhole")
+	return 0, false
 }
 
-func TestPgscribeBinaryBuilds(t *testing.T) {
-	if testing.Short() {
-		t.Skip("builds the binary with -race; skipped with -short")
+// metric scrapes the node and returns the value of the series of name whose
+// labels include labels; -1 when there is none.
+func (n *node) metric(name string, labels map[string]string) float64 {
+	n.t.Helper()
+	v, ok := n.scrape().value(name, labels)
+	if !ok {
+		return -1
 	}
-	if _, err := os.Stat("../main.go"); errors.Is(err, os.ErrNotExist) {
-		t.Skip("the root main.go does not exist yet")
+	return v
+}
+
+// projLabels are the labels of a projection's version 1 series, plus
+// name, value pairs.
+func projLabels(projection string, more ...string) map[string]string {
+	m := map[string]string{"projection": projection, "version": "1"}
+	for i := 0; i+1 < len(more); i += 2 {
+		m[more[i]] = more[i+1]
 	}
-	path := pgscribeBinary(t)
-	fi, err := os.Stat(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if fi.Mode().Perm()&0o111 == 0 {
-		t.Fatalf("%s is not executable", path)
-	}
+	return m
 }

@@ -55,7 +55,7 @@ var (
 
 // pgscribeBinary returns the path of the pgscribe binary, built with -race
 // from the module root once per test binary.
-func pgscribeBinary(t *testing.T) string {
+func pgscribeBinary(t testing.TB) string {
 	t.Helper()
 	buildOnce.Do(func() {
 		dir, err := os.MkdirTemp("", "pgscribe-bin-")
