@@ -24,55 +24,26 @@ import (
 	"github.com/jackc/pgx/v5"
 )
 
+// The rules of the balances projections, shared by the CLI and core tests.
+const (
+	accountKey  = `account_id = "data.account_id"`
+	balanceMove = `balance = "type == 'Deposited' ? data.amount : -data.amount"`
+)
+
 // cliBalances is the projection most CLI tests run: the design's example,
 // plus a fail rule for "Bogus" events so that two error kinds show up.
-const cliBalances = `
-[[projection]]
-name    = "balances"
-version = 1
-
-  [[projection.rule]]
-  name  = "open"
-  on    = "AccountOpened"
-  op    = "upsert"
-  table = "balances"
-  key   = { account_id = "data.account_id" }
-  set   = { owner = "data.owner", balance = "data.initial" }
-
-  [[projection.rule]]
-  name    = "non_positive"
-  on      = "Withdrawn"
-  when    = "data.amount <= 0"
-  op      = "fail"
-  message = "'non-positive withdrawal: ' + string(data.amount)"
-
-  [[projection.rule]]
-  name  = "move"
-  on    = ["Deposited", "Withdrawn"]
-  op    = "update"
-  table = "balances"
-  key   = { account_id = "data.account_id" }
-  inc   = { balance = "type == 'Deposited' ? data.amount : -data.amount" }
-
-  [[projection.rule]]
-  name    = "bogus"
-  on      = "Bogus"
-  op      = "fail"
-  message = "'bogus event'"
-`
+var cliBalances = projectionTOML("balances", 1, "",
+	rule{name: "open", on: "AccountOpened", op: "upsert", table: "balances", key: accountKey,
+		set: `owner = "data.owner", balance = "data.initial"`},
+	rule{name: "non_positive", on: "Withdrawn", when: "data.amount <= 0", op: "fail",
+		message: "'non-positive withdrawal: ' + string(data.amount)"},
+	rule{name: "move", on: "Deposited,Withdrawn", op: "update", table: "balances", key: accountKey, inc: balanceMove},
+	rule{name: "bogus", on: "Bogus", op: "fail", message: "'bogus event'"},
+)
 
 // cliAudit dead-letters the Bogus events too, under another projection.
-const cliAudit = `
-[[projection]]
-name    = "audit"
-version = 1
-
-  [[projection.rule]]
-  name    = "audit_bogus"
-  on      = "Bogus"
-  op      = "fail"
-  message = "'audit rejects bogus events'"
-`
+var cliAudit = projectionTOML("audit", 1, "",
+	rule{name: "audit_bogus", on: "Bogus", op: "fail", message: "'audit rejects bogus events'"})
 
 // cliBalancesTable is the read model of cliBalances.
 const cliBalancesTable = `CREATE TABLE balances (
@@ -190,13 +161,7 @@ func (e *cliEnv) exec(sql string, args ...any) {
 
 func (e *cliEnv) queryInt(sql string, args ...any) int64 {
 	e.t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	var n int64
-	if err := e.conn.QueryRow(ctx, sql, args...).Scan(&n); err != nil {
-		e.t.Fatalf("%s: %v", sql, err)
-	}
-	return n
+	return scalar[int64](e.t, e.conn, sql, args...)
 }
 
 // setup migrates (through the binary, creating the events table and the
@@ -205,6 +170,19 @@ func (e *cliEnv) setup(cfg string) {
 	e.t.Helper()
 	e.mustRun(0, "migrate", "-config", cfg, "-events-table")
 	e.exec(cliBalancesTable)
+}
+
+// newCLIAccounts is the start of most CLI tests: an environment whose
+// configuration name runs projections, migrated, with accounts accounts
+// opened and moves 1..moves appended to each.
+func newCLIAccounts(t *testing.T, name, projections string, accounts, moves int) (*cliEnv, string) {
+	t.Helper()
+	e := newCLIEnv(t)
+	cfg := e.config(name, "", "", projections)
+	e.setup(cfg)
+	e.openAccounts(accounts)
+	e.moves(accounts, 1, moves)
+	return e, cfg
 }
 
 // openAccounts appends AccountOpened for accounts 1..n.
@@ -361,12 +339,8 @@ func kindsOf(ds []cliDeadLetter) map[string]int {
 // filter, paging and both output forms.
 func TestCLIDeadLetters(t *testing.T) {
 	t.Parallel()
-	e := newCLIEnv(t)
-	cfg := e.config("dl", "", "", cliBalances+cliAudit)
-	e.setup(cfg)
 	const accounts, bogus = 4, 3
-	e.openAccounts(accounts)
-	e.moves(accounts, 1, 15) // move 15: a withdrawal of 0 per account
+	e, cfg := newCLIAccounts(t, "dl", cliBalances+cliAudit, accounts, 15) // move 15: a withdrawal of 0 per account
 	e.bogus(bogus)
 	p := e.start(cfg)
 	e.waitAccounted(p, "balances", 1)
@@ -539,11 +513,7 @@ func mapsEq(a, b map[string]int) bool {
 // SIGTERM, with no engine needed for the command itself.
 func TestCLIStatus(t *testing.T) {
 	t.Parallel()
-	e := newCLIEnv(t)
-	cfg := e.config("status", "", "", cliBalances)
-	e.setup(cfg)
-	e.openAccounts(3)
-	e.moves(3, 1, 15)
+	e, cfg := newCLIAccounts(t, "status", cliBalances, 3, 15)
 	events := e.queryInt("SELECT count(*) FROM events")
 
 	s := e.status(cfg)
@@ -646,17 +616,8 @@ func TestCLIStatusBackfillProgress(t *testing.T) {
 	cfg := e.config("backfill", "", `parallelism         = 1
 batch_size          = 100
 backfill_batch_size = 100
-queue_size          = 100`, `
-[[projection]]
-name    = "slow"
-version = 1
-
-  [[projection.rule]]
-  name = "sleep"
-  op   = "sql"
-  sql  = "SELECT pg_sleep($1)"
-  args = ["0.002"]
-`)
+queue_size          = 100`, projectionTOML("slow", 1, "",
+		rule{name: "sleep", op: "sql", sql: "SELECT pg_sleep($1)", args: `["0.002"]`}))
 	e.setup(cfg)
 	e.openAccounts(100)
 	e.moves(100, 1, 99)
@@ -735,16 +696,9 @@ func TestCLICheck(t *testing.T) {
 			want: []string{`balances v1 rule "open": table "balances_extra" column "opened_at": is NOT NULL without a default, and the rule does not set it`}},
 		{name: "missing publication", source: `publication = "nosuch_pub"`,
 			want: []string{`source: publication "nosuch_pub": does not exist (pgscribe migrate creates it)`}},
-		{name: "sql rule", from: `[[projection.rule]]
-  name    = "bogus"`, to: `[[projection.rule]]
-  name = "audit"
-  on   = "Bogus"
-  op   = "sql"
-  sql  = "INSERT INTO nosuch_audit (id) VALUES ($1)"
-  args = ["id"]
-
-  [[projection.rule]]
-  name    = "bogus"`,
+		{name: "sql rule", from: rule{name: "bogus"}.String(),
+			to: rule{name: "audit", on: "Bogus", op: "sql", sql: "INSERT INTO nosuch_audit (id) VALUES ($1)", args: `["id"]`}.String() +
+				rule{name: "bogus"}.String(),
 			want: []string{`balances v1 rule "audit": sql: relation "nosuch_audit" does not exist (42P01)`}},
 	}
 	for _, tt := range tests {
@@ -841,12 +795,8 @@ REVOKE UPDATE ON pgscribe.leases FROM %[1]s`, role))
 // it exactly.
 func TestCLIReset(t *testing.T) {
 	t.Parallel()
-	e := newCLIEnv(t)
-	cfg := e.config("reset", "", "", cliBalances)
-	e.setup(cfg)
 	const accounts = 5
-	e.openAccounts(accounts)
-	e.moves(accounts, 1, 15)
+	e, cfg := newCLIAccounts(t, "reset", cliBalances, accounts, 15)
 	p := e.start(cfg)
 	e.waitAccounted(p, "balances", 1)
 	p.stop()
@@ -957,11 +907,7 @@ func TestCLIReset(t *testing.T) {
 // engine holds the projection's lock, and works once it stopped.
 func TestCLIResetRefusesWhileActive(t *testing.T) {
 	t.Parallel()
-	e := newCLIEnv(t)
-	cfg := e.config("active", "", "", cliBalances)
-	e.setup(cfg)
-	e.openAccounts(2)
-	e.moves(2, 1, 3)
+	e, cfg := newCLIAccounts(t, "active", cliBalances, 2, 3)
 	p := e.start(cfg)
 	e.waitAccounted(p, "balances", 1)
 	waitFor(t, time.Minute, "status live", func() bool { return e.status(cfg).Projections[0].State == "live" })

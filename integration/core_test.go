@@ -435,14 +435,7 @@ func TestGracefulStopUnderLoad(t *testing.T) {
 	backfillProgress := func(s *node) {
 		t.Helper()
 		r.waitLog(s, time.Minute, `msg="backfill started" projection=balances`, 1)
-		before, err := r.accounted(ctx, bal)
-		if err != nil {
-			t.Fatal(err)
-		}
-		r.waitUntil(time.Minute, "the backfill to apply something", func(ctx context.Context) (bool, error) {
-			n, err := r.accounted(ctx, bal)
-			return n > before, err
-		})
+		r.waitApplied(ctx, bal, time.Minute, 0, "the backfill to apply something")
 	}
 	s := r.start()
 	backfillProgress(s)

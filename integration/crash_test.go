@@ -97,14 +97,7 @@ func TestKillDuringBackfillAndLive(t *testing.T) {
 	for i := range liveKills {
 		s := r.start()
 		r.waitStreaming(s, 3*time.Minute)
-		before, err := r.accounted(ctx, bal)
-		if err != nil {
-			t.Fatal(err)
-		}
-		r.waitUntil(time.Minute, "balances to apply streamed events", func(ctx context.Context) (bool, error) {
-			n, err := r.accounted(ctx, bal)
-			return n > before, err
-		})
+		before := r.waitApplied(ctx, bal, time.Minute, 0, "balances to apply streamed events")
 		// A large source transaction (2000 events over 500 new streams),
 		// applied in many batches over every partition: the kill may fall
 		// while it is partly applied.
@@ -188,14 +181,7 @@ func TestPostgresCrashUnderLoad(t *testing.T) {
 			}
 			return true, nil
 		})
-		before, err := r.accounted(ctx, bal)
-		if err != nil {
-			t.Fatal(err)
-		}
-		r.waitUntil(time.Minute, "balances to apply streamed events", func(ctx context.Context) (bool, error) {
-			n, err := r.accounted(ctx, bal)
-			return n > before+500, err
-		})
+		r.waitApplied(ctx, bal, time.Minute, 500, "balances to apply streamed events")
 		time.Sleep(time.Duration(rng.IntN(1000)) * time.Millisecond) // the random crash moment, not synchronisation
 		outages := a.outages.Load()
 		if err := srv().Restart(ctx, true); err != nil {

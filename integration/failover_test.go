@@ -186,26 +186,11 @@ func (c *foCluster) writeConfig(node, dsn string, o foOptions) string {
 		"max_active_projections": fmt.Sprint(o.maxActive),
 	}).with("retry", map[string]string{"backoff": `"50ms"`, "max_backoff": `"500ms"`})
 	for _, p := range c.projections {
-		cfg.add(fmt.Sprintf(`
-[[projection]]
-name    = %[1]q
-version = 1
-
-  [[projection.rule]]
-  name  = "entry"
-  on    = "Deposited"
-  op    = "insert"
-  table = "%[1]s_entries"
-  set   = { event_id = "id", account = "stream_id", amount = "data.amount" }
-
-  [[projection.rule]]
-  name  = "balance"
-  on    = "Deposited"
-  op    = "upsert"
-  table = "%[1]s_balances"
-  key   = { account = "stream_id" }
-  inc   = { balance = "data.amount", events = "1" }
-`, p))
+		cfg.add(projectionTOML(p, 1, "",
+			rule{name: "entry", on: "Deposited", op: "insert", table: p + "_entries",
+				set: `event_id = "id", account = "stream_id", amount = "data.amount"`},
+			rule{name: "balance", on: "Deposited", op: "upsert", table: p + "_balances",
+				key: `account = "stream_id"`, inc: `balance = "data.amount", events = "1"`}))
 	}
 	return cfg.write(c.t, filepath.Join(c.dir, node+".toml"))
 }

@@ -29,7 +29,7 @@ type faultProjection struct {
 	name    string
 	onError string   // "" = dead_letter
 	types   []string // event types its rules match
-	extra   string   // more [[projection.rule]] entries
+	extra   []rule   // more rules
 }
 
 // ddl creates the projection's read model.
@@ -51,27 +51,13 @@ func (p faultProjection) toml() string {
 	if onError == "" {
 		onError = "dead_letter"
 	}
-	on, _ := json.Marshal(p.types)
-	return fmt.Sprintf(`
-[[projection]]
-name     = %[1]q
-version  = 1
-on_error = %[2]q
-
-  [[projection.rule]]
-  name = "trail"
-  on   = %[3]s
-  op   = "sql"
-  sql  = "INSERT INTO %[1]s_trail AS t (stream_id, positions) VALUES ($1, ARRAY[$2::bigint]) ON CONFLICT (stream_id) DO UPDATE SET positions = t.positions || EXCLUDED.positions"
-  args = ["stream_id", "stream_position"]
-
-  [[projection.rule]]
-  name  = "row"
-  on    = %[3]s
-  op    = "insert"
-  table = "%[1]s_rows"
-  set   = { event_id = "id", stream_id = "stream_id", stream_position = "stream_position", v = "data.v" }
-%[4]s`, p.name, onError, on, p.extra)
+	on := strings.Join(p.types, ",")
+	return projectionTOML(p.name, 1, onError, append([]rule{
+		{name: "trail", on: on, op: "sql", args: `["stream_id", "stream_position"]`,
+			sql: "INSERT INTO " + p.name + "_trail AS t (stream_id, positions) VALUES ($1, ARRAY[$2::bigint]) ON CONFLICT (stream_id) DO UPDATE SET positions = t.positions || EXCLUDED.positions"},
+		{name: "row", on: on, op: "insert", table: p.name + "_rows",
+			set: `event_id = "id", stream_id = "stream_id", stream_position = "stream_position", v = "data.v"`},
+	}, p.extra...)...)
 }
 
 // check compares the projection's read model with what the events table
@@ -175,11 +161,7 @@ func (e *faultEnv) exec(t *testing.T, sql string, args ...any) {
 // scalar runs a one-value query.
 func (e *faultEnv) scalar(t *testing.T, sql string, args ...any) int64 {
 	t.Helper()
-	var n int64
-	if err := e.pool.QueryRow(context.Background(), sql, args...).Scan(&n); err != nil {
-		t.Fatalf("%s: %v", sql, err)
-	}
-	return n
+	return scalar[int64](t, e.pool, sql, args...)
 }
 
 // faultEvent is an event to append. expect, when set, is the error_kind it

@@ -100,14 +100,8 @@ func TestFaultUniqueViolation(t *testing.T) {
 	}
 	dup := func(email string) faultEvent { x := reg(email); x.expect = kind; return x }
 	c := poisonCase{
-		proj: faultProjection{name: "uniq", types: []string{"Registered", "Noted"}, extra: `
-  [[projection.rule]]
-  name  = "email"
-  on    = "Registered"
-  op    = "insert"
-  table = "uniq_emails"
-  set   = { email = "data.email", event_id = "id" }
-`},
+		proj: faultProjection{name: "uniq", types: []string{"Registered", "Noted"}, extra: []rule{
+			{name: "email", on: "Registered", op: "insert", table: "uniq_emails", set: `email = "data.email", event_id = "id"`}}},
 		ddl: `CREATE TABLE uniq_emails (email text NOT NULL UNIQUE, event_id uuid PRIMARY KEY)`,
 		backlog: rounds("u", 8, 2, "Noted", map[[2]int]faultEvent{
 			{0, 3}: reg("three@example.com"),
@@ -140,14 +134,8 @@ func TestFaultNotNullViolation(t *testing.T) {
 	}
 	const kind = "commit:23502 (not_null_violation)"
 	runPoison(t, poisonCase{
-		proj: faultProjection{name: "notnull", types: []string{"Named", "Noted"}, extra: `
-  [[projection.rule]]
-  name = "name"
-  on   = "Named"
-  op   = "sql"
-  sql  = "INSERT INTO notnull_names (event_id, name) VALUES ($1, NULLIF($2, ''))"
-  args = ["id", "data.name"]
-`},
+		proj: faultProjection{name: "notnull", types: []string{"Named", "Noted"}, extra: []rule{{name: "name", on: "Named", op: "sql",
+			sql: "INSERT INTO notnull_names (event_id, name) VALUES ($1, NULLIF($2, ''))", args: `["id", "data.name"]`}}},
 		ddl: `CREATE TABLE notnull_names (event_id uuid PRIMARY KEY, name text NOT NULL)`,
 		backlog: rounds("n", 6, 3, "Noted", map[[2]int]faultEvent{
 			{0, 0}: named("cat", ""),
@@ -178,15 +166,8 @@ func TestFaultNumericOverflow(t *testing.T) {
 		return faultEvent{typ: "Scored", data: map[string]any{"v": 2, "points": points}, expect: expect}
 	}
 	runPoison(t, poisonCase{
-		proj: faultProjection{name: "overflow", types: []string{"Scored", "Noted"}, extra: `
-  [[projection.rule]]
-  name  = "score"
-  on    = "Scored"
-  op    = "upsert"
-  table = "overflow_scores"
-  key   = { stream_id = "stream_id" }
-  inc   = { points = "data.points" }
-`},
+		proj: faultProjection{name: "overflow", types: []string{"Scored", "Noted"}, extra: []rule{
+			{name: "score", on: "Scored", op: "upsert", table: "overflow_scores", key: `stream_id = "stream_id"`, inc: `points = "data.points"`}}},
 		ddl: `CREATE TABLE overflow_scores (stream_id text PRIMARY KEY, points smallint NOT NULL)`,
 		backlog: rounds("o", 6, 2, "Noted", map[[2]int]faultEvent{
 			{0, 1}: score(3, ""),
@@ -217,14 +198,8 @@ func TestFaultRuleError(t *testing.T) {
 	missing := faultEvent{typ: "Noted", data: map[string]any{"note": "no v"}, expect: "rule:row"}
 	blocked := faultEvent{typ: "Registered", data: map[string]any{"v": 3, "email": "eve@blocked.example"}, expect: "rule:blocked"}
 	e, _ := runPoison(t, poisonCase{
-		proj: faultProjection{name: "rules", types: []string{"Registered", "Noted"}, extra: `
-  [[projection.rule]]
-  name    = "blocked"
-  on      = "Registered"
-  when    = "data.email endsWith '@blocked.example'"
-  op      = "fail"
-  message = "'blocked address: ' + data.email"
-`},
+		proj: faultProjection{name: "rules", types: []string{"Registered", "Noted"}, extra: []rule{{name: "blocked", on: "Registered", when: "data.email endsWith '@blocked.example'", op: "fail",
+			message: "'blocked address: ' + data.email"}}},
 		backlog: rounds("r", 5, 3, "Noted", map[[2]int]faultEvent{{1, 0}: missing}),
 		live: [][]faultEvent{rounds("r", 5, 12, "Noted", map[[2]int]faultEvent{
 			{2, 3}: blocked,
@@ -435,14 +410,8 @@ func TestFaultHaltOnError(t *testing.T) {
 	t.Parallel()
 	const streams, parallelism = 6, 2 // parallelism as in writeConfig
 	reject := func(when string) faultProjection {
-		return faultProjection{name: "halting", onError: "halt", types: []string{"Tick"}, extra: `
-  [[projection.rule]]
-  name    = "reject"
-  on      = "Tick"
-  when    = "` + when + `"
-  op      = "fail"
-  message = "'negative v: ' + string(data.v)"
-`}
+		return faultProjection{name: "halting", onError: "halt", types: []string{"Tick"}, extra: []rule{
+			{name: "reject", on: "Tick", when: when, op: "fail", message: "'negative v: ' + string(data.v)"}}}
 	}
 	proj := reject("data.v < 0")
 	e, p := startFault(t, 5, "", rounds("h", streams, 5, "Tick", nil), proj)

@@ -40,7 +40,7 @@ func TestFaultInvalidatedSlot(t *testing.T) {
 	// PostgreSQL to invalidate the idle slot.
 	e.appendEvents(t, rounds("l", 8, 5, "Tick", nil)...)
 	waitFor(t, waitLong, "slot "+slot+" to be invalidated", func() bool {
-		if e.scalarText(t, `SELECT coalesce(wal_status, '') FROM pg_replication_slots WHERE slot_name = $1`, slot) == "lost" {
+		if scalar[string](t, e.pool, `SELECT coalesce(wal_status, '') FROM pg_replication_slots WHERE slot_name = $1`, slot) == "lost" {
 			return true
 		}
 		e.exec(t, `SELECT pg_logical_emit_message(false, 'pgscribe-test', repeat('x', 1000000))`)
@@ -55,18 +55,8 @@ func TestFaultInvalidatedSlot(t *testing.T) {
 		t.Errorf("the resync re-read %s events, want the whole table (%d): %v", logString(rec, "events"), e.events(t), rec)
 	}
 	e.verifyClean(t, p, proj)
-	if got := e.scalarText(t, `SELECT coalesce(wal_status, '') FROM pg_replication_slots WHERE slot_name = $1`, slot); got == "lost" || got == "" {
+	if got := scalar[string](t, e.pool, `SELECT coalesce(wal_status, '') FROM pg_replication_slots WHERE slot_name = $1`, slot); got == "lost" || got == "" {
 		t.Errorf("slot %s after the resync: wal_status %q, want a live slot", slot, got)
 	}
 	p.stop()
-}
-
-// scalarText runs a one-value text query.
-func (e *faultEnv) scalarText(t *testing.T, sql string, args ...any) string {
-	t.Helper()
-	var s string
-	if err := e.pool.QueryRow(context.Background(), sql, args...).Scan(&s); err != nil {
-		t.Fatalf("%s: %v", sql, err)
-	}
-	return s
 }

@@ -1,8 +1,3 @@
-// Package integration runs pgscribe against a real PostgreSQL: end to end,
-// crash, failover and fault tests. TestMain starts one server for the whole
-// package (see internal/pgtest for where it comes from); each test gets its
-// own database from newDatabase. With -short nothing is started and every
-// test that needs the server skips.
 package integration
 
 import (

@@ -30,19 +30,9 @@ func mtConfig(t *testing.T, dsn, slotPrefix, node string) string {
 	return newConfig(dsn, slotPrefix).with("engine", map[string]string{
 		"node": fmt.Sprintf("%q", node), "parallelism": "2", "batch_timeout": `"5ms"`, "backfill_batch_size": "500",
 		"standby_poll": `"200ms"`, "lag_interval": `"200ms"`, "status_interval": `"500ms"`,
-	}).add(fmt.Sprintf(`
-[[projection]]
-name    = %q
-version = 1
-
-  [[projection.rule]]
-  name  = "count"
-  on    = "Tick"
-  op    = "upsert"
-  table = "mt_counts"
-  key   = { stream_id = "stream_id" }
-  inc   = { n = "1" }
-`, mtProjection)).write(t, filepath.Join(t.TempDir(), node+".toml"))
+	}).add(projectionTOML(mtProjection, 1, "",
+		rule{name: "count", on: "Tick", op: "upsert", table: "mt_counts", key: `stream_id = "stream_id"`, inc: `n = "1"`},
+	)).write(t, filepath.Join(t.TempDir(), node+".toml"))
 }
 
 // mtScrape is a scrape read for the series of the test's projection.

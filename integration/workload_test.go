@@ -47,7 +47,7 @@ const (
 type coreProjection struct {
 	name    string
 	version int
-	rules   string // TOML: the [[projection.rule]] blocks
+	rules   []rule
 	ddl     string // read-model tables, idempotent
 	// expected and actual return the same columns: the read model computed
 	// from the events table, and the read model pgscribe wrote.
@@ -75,47 +75,18 @@ func balancesProjection() coreProjection {
 	return coreProjection{
 		name:    "balances",
 		version: 1,
-		rules: `
-  [[projection.rule]]
-  name  = "open"
-  on    = "AccountOpened"
-  when  = "data.initial >= 0"
-  op    = "upsert"
-  table = "balances"
-  key   = { account_id = "data.account_id" }
-  set   = { owner = "data.owner", balance = "data.initial", closed = "false", updated_at = "occurred_at" }
-
-  [[projection.rule]]
-  name    = "negative_opening"
-  on      = "AccountOpened"
-  when    = "data.initial < 0"
-  op      = "fail"
-  message = "'negative initial balance: ' + string(data.initial)"
-
-  [[projection.rule]]
-  name  = "move"
-  on    = ["Deposited", "Withdrawn"]
-  op    = "update"
-  table = "balances"
-  key   = { account_id = "data.account_id" }
-  inc   = { balance = "type == 'Deposited' ? data.amount : -data.amount" }
-  set   = { updated_at = "occurred_at" }
-
-  [[projection.rule]]
-  name    = "non_positive_amount"
-  on      = ["Deposited", "Withdrawn"]
-  when    = "data.amount <= 0"
-  op      = "fail"
-  message = "'non-positive amount in ' + type + ': ' + string(data.amount)"
-
-  [[projection.rule]]
-  name  = "close"
-  on    = "AccountClosed"
-  op    = "update"
-  table = "balances"
-  key   = { account_id = "data.account_id" }
-  set   = { closed = "true", updated_at = "occurred_at" }
-`,
+		rules: []rule{
+			{name: "open", on: "AccountOpened", when: "data.initial >= 0", op: "upsert", table: "balances", key: accountKey,
+				set: `owner = "data.owner", balance = "data.initial", closed = "false", updated_at = "occurred_at"`},
+			{name: "negative_opening", on: "AccountOpened", when: "data.initial < 0", op: "fail",
+				message: "'negative initial balance: ' + string(data.initial)"},
+			{name: "move", on: "Deposited,Withdrawn", op: "update", table: "balances", key: accountKey,
+				inc: balanceMove, set: `updated_at = "occurred_at"`},
+			{name: "non_positive_amount", on: "Deposited,Withdrawn", when: "data.amount <= 0", op: "fail",
+				message: "'non-positive amount in ' + type + ': ' + string(data.amount)"},
+			{name: "close", on: "AccountClosed", op: "update", table: "balances", key: accountKey,
+				set: `closed = "true", updated_at = "occurred_at"`},
+		},
 		// The workload opens each account once, at stream position 1, with
 		// account_id = stream_id.
 		expected: `SELECT data->>'account_id' AS account_id,
@@ -144,14 +115,8 @@ func activityProjection() coreProjection {
 	return coreProjection{
 		name:    "activity",
 		version: 1,
-		rules: `
-  [[projection.rule]]
-  name  = "record"
-  on    = ["AccountOpened", "Deposited", "Withdrawn", "AccountClosed"]
-  op    = "insert"
-  table = "account_activity"
-  set   = { event_id = "id", account_id = "data.account_id", type = "type", amount = "data?.amount ?? data?.initial ?? 0", occurred_at = "occurred_at" }
-`,
+		rules: []rule{{name: "record", on: "AccountOpened,Deposited,Withdrawn,AccountClosed", op: "insert", table: "account_activity",
+			set: `event_id = "id", account_id = "data.account_id", type = "type", amount = "data?.amount ?? data?.initial ?? 0", occurred_at = "occurred_at"`}},
 		expected: `SELECT id AS event_id, data->>'account_id' AS account_id, type,
 	coalesce((data->>'amount')::bigint, (data->>'initial')::bigint, 0) AS amount, occurred_at
 FROM events WHERE type IN ('AccountOpened', 'Deposited', 'Withdrawn', 'AccountClosed')`,
@@ -168,15 +133,9 @@ func streamStatsProjection() coreProjection {
 	return coreProjection{
 		name:    "stream_stats",
 		version: 2,
-		rules: `
-  [[projection.rule]]
-  name  = "count"
-  op    = "upsert"
-  table = "stream_stats"
-  key   = { stream_id = "stream_id" }
-  set   = { last_type = "type", last_stream_position = "stream_position", last_position = "position" }
-  inc   = { events = "1", total = "data?.amount ?? 0" }
-`,
+		rules: []rule{{name: "count", op: "upsert", table: "stream_stats", key: `stream_id = "stream_id"`,
+			set: `last_type = "type", last_stream_position = "stream_position", last_position = "position"`,
+			inc: `events = "1", total = "data?.amount ?? 0"`}},
 		ddl: `CREATE TABLE IF NOT EXISTS stream_stats (
 	stream_id            text   PRIMARY KEY,
 	events               bigint NOT NULL,
@@ -196,8 +155,7 @@ FROM events GROUP BY stream_id`,
 }
 
 func (p coreProjection) toml() string {
-	return fmt.Sprintf("\n[[projection]]\nname     = %q\nversion  = %d\non_error = \"dead_letter\"\n%s",
-		p.name, p.version, p.rules)
+	return projectionTOML(p.name, p.version, "dead_letter", p.rules...)
 }
 
 // rig is one test's deployment of pgscribe: a fresh database with the events
@@ -310,21 +268,9 @@ func (r *rig) exec(ctx context.Context, sql string, args ...any) {
 	}
 }
 
-func (r *rig) queryInt(ctx context.Context, sql string, args ...any) int64 {
+func (r *rig) queryInt(_ context.Context, sql string, args ...any) int64 {
 	r.t.Helper()
-	var n int64
-	if err := r.pool.QueryRow(ctx, sql, args...).Scan(&n); err != nil {
-		r.t.Fatalf("%s: %v", sqlHead(sql), err)
-	}
-	return n
-}
-
-func sqlHead(s string) string {
-	s = strings.TrimSpace(s)
-	if i := strings.IndexByte(s, '\n'); i >= 0 {
-		return s[:i] + " …"
-	}
-	return s
+	return scalar[int64](r.t, r.pool, sql, args...)
 }
 
 // slot returns the replication slot name of p.
@@ -375,6 +321,21 @@ func (r *rig) eventCount(ctx context.Context) int64 {
 // + dead_lettered).
 func (r *rig) accounted(ctx context.Context, p coreProjection) (int64, error) {
 	return accounted(ctx, r.pool, p.name, p.version)
+}
+
+// waitApplied reads how many events p accounts for and waits until it
+// accounts for more than that plus ahead; it returns the first count.
+func (r *rig) waitApplied(ctx context.Context, p coreProjection, timeout time.Duration, ahead int64, what string) int64 {
+	r.t.Helper()
+	before, err := r.accounted(ctx, p)
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	r.waitUntil(timeout, what, func(ctx context.Context) (bool, error) {
+		n, err := r.accounted(ctx, p)
+		return n > before+ahead, err
+	})
+	return before
 }
 
 // phase is p's watermark phase ("" before the first backfill starts).
