@@ -9,7 +9,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"math/rand/v2"
 	"reflect"
 	"strings"
 	"testing"
@@ -421,12 +420,8 @@ func TestSlotNeverConfirmedAhead(t *testing.T) {
 // starts from the previous slot's position: a stop there must not mark the
 // projection live.
 func TestGracefulStopUnderLoad(t *testing.T) {
-	bal, act := balancesProjection(), activityProjection()
-	r := newRig(t, []coreProjection{bal, act}, nil)
-	seed := seedFromEnv(t)
-	rng := rand.New(rand.NewPCG(seed, 1))
-	r.seed(600, 50)
-	a := newAppender(r, 800, 2*time.Millisecond)
+	bal := balancesProjection()
+	r, a, seed, rng := newLoadRig(t, 600, 50, 200, 2*time.Millisecond, 1)
 	a.start(4, seed)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()

@@ -8,7 +8,6 @@ package integration
 import (
 	"context"
 	"fmt"
-	"math/rand/v2"
 	"testing"
 	"time"
 )
@@ -31,11 +30,7 @@ func TestKillDuringBackfillAndLive(t *testing.T) {
 		perStream     = 50
 	)
 	bal, act := balancesProjection(), activityProjection()
-	r := newRig(t, []coreProjection{bal, act}, nil)
-	seed := seedFromEnv(t)
-	rng := rand.New(rand.NewPCG(seed, 0))
-	r.seed(streams, perStream)
-	a := newAppender(r, streams+200, 4*time.Millisecond)
+	r, a, seed, rng := newLoadRig(t, streams, perStream, 200, 4*time.Millisecond, 0)
 	a.start(4, seed)
 
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
@@ -159,11 +154,7 @@ func TestPostgresCrashUnderLoad(t *testing.T) {
 		t.Skipf("the %s server cannot be restarted", srv().Mode())
 	}
 	bal, act := balancesProjection(), activityProjection()
-	r := newRig(t, []coreProjection{bal, act}, nil)
-	seed := seedFromEnv(t)
-	rng := rand.New(rand.NewPCG(seed, 2))
-	r.seed(300, 10)
-	a := newAppender(r, 400, 2*time.Millisecond)
+	r, a, seed, rng := newLoadRig(t, 300, 10, 100, 2*time.Millisecond, 2)
 	a.tolerateOutages = true
 	a.start(4, seed)
 	s := r.start()

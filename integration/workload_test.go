@@ -905,6 +905,18 @@ func (r *rig) brokenProcess() string {
 	return ""
 }
 
+// newLoadRig is the start of the load tests: a rig running balances and
+// activity, seeded with streams × perStream events, and an appender (not
+// started) over streams+extra streams pausing pause between transactions.
+// rng is the test's random source: stream k of the logged seed.
+func newLoadRig(t *testing.T, streams, perStream, extra int, pause time.Duration, k uint64) (r *rig, a *appender, seed uint64, rng *rand.Rand) {
+	t.Helper()
+	r = newRig(t, []coreProjection{balancesProjection(), activityProjection()}, nil)
+	seed = seedFromEnv(t)
+	r.seed(streams, perStream)
+	return r, newAppender(r, streams+extra, pause), seed, rand.New(rand.NewPCG(seed, k))
+}
+
 // seedFromEnv returns the seed of a randomised test, from
 // PGSCRIBE_TEST_SEED when set (to replay a failure), and logs it.
 func seedFromEnv(t *testing.T) uint64 {
