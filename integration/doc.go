@@ -29,7 +29,8 @@
 //
 // The pgscribe process, node:
 //   - newNode(t, name, config, env...) prepares, startNode starts;
-//     start() (re)starts and waits for the metrics listener;
+//     start() (re)starts and waits for the metrics listener (not with
+//     noListener set, for configurations with metrics off);
 //     stop()/terminate(timeout) want exit 0 after SIGTERM, kill() sends
 //     SIGKILL, signal(sig), wait(timeout) returns the exit code,
 //     running()/exited()/err(), requireRunning().

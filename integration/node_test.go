@@ -62,6 +62,9 @@ type node struct {
 	args   []string // after the binary: run -config …
 	env    []string // added to the environment
 	output string   // path of the file with every run's output
+	// noListener: the configuration has metrics off, so start does not
+	// wait for the listener.
+	noListener bool
 
 	mu      sync.Mutex
 	cmd     *exec.Cmd
@@ -96,12 +99,12 @@ func startNode(t *testing.T, name, config string, env ...string) *node {
 	return n
 }
 
-// start runs the process (again) and waits for its metrics listener when
-// the configuration has one.
+// start runs the process (again) and waits for its metrics listener
+// (unless noListener).
 func (n *node) start() {
 	n.t.Helper()
 	n.startNoWait()
-	if n.listens() {
+	if !n.noListener {
 		n.waitAddr()
 	}
 }
@@ -142,13 +145,6 @@ func (n *node) startNoWait() {
 		n.mu.Unlock()
 		close(exited)
 	}()
-}
-
-// listens reports whether the configuration sets a metrics listener,
-// which start then waits for.
-func (n *node) listens() bool {
-	b, err := os.ReadFile(n.args[len(n.args)-1])
-	return err == nil && !strings.Contains(string(b), `listen = "off"`)
 }
 
 func (n *node) waitAddr() {

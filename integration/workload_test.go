@@ -877,7 +877,9 @@ func (r *rig) start() *node {
 	r.mu.Lock()
 	name := fmt.Sprintf("pgscribe-%d", len(r.procs)+1)
 	r.mu.Unlock()
-	s := startNode(r.t, name, r.config)
+	s := newNode(r.t, name, r.config)
+	s.noListener = true // [metrics] listen = "off"
+	s.start()
 	r.mu.Lock()
 	r.procs = append(r.procs, s)
 	r.mu.Unlock()
