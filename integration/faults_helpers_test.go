@@ -298,7 +298,10 @@ WHERE projection = $1 AND version = 1 AND stream_id = $2`, projection, stream)
 // for its metrics listener.
 func (e *faultEnv) start(t *testing.T) *node {
 	t.Helper()
-	return startNode(t, "pgscribe", e.config)
+	n := newNode(t, "pgscribe", e.config)
+	n.stopTimeout = 40 * time.Second // shutdown_timeout is 20s
+	n.start()
+	return n
 }
 
 // waitHalted waits for the projection's halt log record, which must name

@@ -35,6 +35,15 @@ func mtConfig(t *testing.T, dsn, slotPrefix, node string) string {
 	)).write(t, filepath.Join(t.TempDir(), node+".toml"))
 }
 
+// mtStart starts a node that gets a minute to stop.
+func mtStart(t *testing.T, name, config string) *node {
+	t.Helper()
+	n := newNode(t, name, config)
+	n.stopTimeout = time.Minute
+	n.start()
+	return n
+}
+
 // mtScrape is a scrape read for the series of the test's projection.
 type mtScrape struct{ scrape }
 
@@ -128,7 +137,7 @@ func TestMetricsLagLifecycle(t *testing.T) {
 
 	// Backfill, blocked: the lag rises, the backlog is every event.
 	release := pause("SHARE")
-	a := startNode(t, "a", cfgA)
+	a := mtStart(t, "a", cfgA)
 	a.waitMetric(time.Minute, "active", "pgscribe_active", func(v float64) bool { return v == 1 })
 	a.waitMetric(time.Minute, "backfill total known", "pgscribe_backfill_events_total", func(v float64) bool { return v == 2000 })
 	a.waitMetric(time.Minute, "backlog of the whole snapshot", "pgscribe_backlog_events", func(v float64) bool { return v == 2000 })
@@ -205,7 +214,7 @@ func TestMetricsLagLifecycle(t *testing.T) {
 	}
 
 	// A standby reads the same numbers from PostgreSQL.
-	b := startNode(t, "b", mtConfig(t, dsn, prefix, "b"))
+	b := mtStart(t, "b", mtConfig(t, dsn, prefix, "b"))
 	waitFor(t, time.Minute, "b standing by with a watermark", func() bool {
 		s := mt(b.scrape())
 		active, _ := s.value("pgscribe_active")

@@ -65,6 +65,8 @@ type node struct {
 	// noListener: the configuration has metrics off, so start does not
 	// wait for the listener.
 	noListener bool
+	// stopTimeout bounds stop (SIGTERM to exit); 0 means 90s.
+	stopTimeout time.Duration
 
 	mu      sync.Mutex
 	cmd     *exec.Cmd
@@ -291,8 +293,15 @@ func (n *node) terminate(timeout time.Duration) time.Duration {
 	return took
 }
 
-// stop is terminate with 90s to exit.
-func (n *node) stop() { n.t.Helper(); n.terminate(90 * time.Second) }
+// stop is terminate with stopTimeout (default 90s) to exit.
+func (n *node) stop() {
+	n.t.Helper()
+	timeout := n.stopTimeout
+	if timeout == 0 {
+		timeout = 90 * time.Second
+	}
+	n.terminate(timeout)
+}
 
 // tail returns the last k output lines of every run.
 func (n *node) tail(k int) string {
