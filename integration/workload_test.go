@@ -794,7 +794,11 @@ func (a *appender) appendTxn(ctx context.Context, streams []string, kinds []int,
 	if linger > 0 {
 		time.Sleep(linger) // widen the window in which later positions commit first
 	}
-	if err := tx.Commit(ctx); err != nil {
+	// The commit is never cut short by stop: a COMMIT abandoned mid-flight
+	// can still land after stop returned and the test counted the table.
+	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+	defer cancel()
+	if err := tx.Commit(cctx); err != nil {
 		return err
 	}
 	a.events.Add(int64(len(streams)))
