@@ -81,7 +81,9 @@ func withScratch(ctx context.Context, conn *pgx.Conn, prefix string, tables []st
 }
 
 // ident is the scratch copy of live table t, quoted.
-func (s *scratch) ident(t string) string { return pgx.Identifier{s.schema, scratchTableName(t)}.Sanitize() }
+func (s *scratch) ident(t string) string {
+	return pgx.Identifier{s.schema, scratchTableName(t)}.Sanitize()
+}
 
 // drop removes the scratch schema and everything in it; it runs even when
 // ctx was cancelled (Ctrl-C), so nothing is left behind.
