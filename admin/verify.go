@@ -185,6 +185,10 @@ func verifyIn(ctx context.Context, cfg *config.Config, o VerifyOptions, conn *pg
 		}
 		logf("table %s: %d rows drift, %d order-dependent (%s)", t, rep.drift[t], rep.orderDep[t], time.Since(tstart).Round(time.Millisecond))
 	}
+	if err := rep.account(ctx, conn, s); err != nil {
+		return err
+	}
+	logf("accounting: %d streams and their dead letters compared", len(cursors))
 	return rep.write(w, spec, built, len(cursors), tables)
 }
 
@@ -193,8 +197,12 @@ func verifyIn(ctx context.Context, cfg *config.Config, o VerifyOptions, conn *pg
 // schema, and returns the cursors (stream → stream_position).
 func snapshotLive(ctx context.Context, conn *pgx.Conn, cfg *config.Config, s *scratch, spec rules.Spec, tables, streams []string) (map[string]int64, error) {
 	curTable := pgx.Identifier{s.schema, "pgscribe_live_cursors"}.Sanitize()
-	if _, err := conn.Exec(ctx, "CREATE TABLE "+curTable+" (stream_id text PRIMARY KEY, stream_position bigint NOT NULL)"); err != nil {
+	if _, err := conn.Exec(ctx, "CREATE TABLE "+curTable+" (stream_id text PRIMARY KEY, stream_position bigint NOT NULL, "+
+		"applied bigint NOT NULL, skipped bigint NOT NULL, dead_lettered bigint NOT NULL)"); err != nil {
 		return nil, fmt.Errorf("create cursor snapshot: %w", err)
+	}
+	if _, err := conn.Exec(ctx, "CREATE TABLE "+s.liveDeadLetters()+" (stream_id text NOT NULL, stream_position bigint NOT NULL, error_kind text NOT NULL)"); err != nil {
+		return nil, fmt.Errorf("create dead-letter snapshot: %w", err)
 	}
 	tx, err := conn.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead})
 	if err != nil {
@@ -202,15 +210,20 @@ func snapshotLive(ctx context.Context, conn *pgx.Conn, cfg *config.Config, s *sc
 	}
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
 	// The first statement fixes the snapshot; everything below reads it.
-	q := "INSERT INTO " + curTable + " SELECT stream_id, stream_position FROM " +
-		pgx.Identifier{cfg.Engine.Schema, "cursors"}.Sanitize() + " WHERE projection = $1 AND version = $2"
+	where := " WHERE projection = $1 AND version = $2"
 	args := []any{spec.Name, spec.Version}
 	if len(streams) > 0 {
-		q += " AND stream_id = ANY($3)"
+		where += " AND stream_id = ANY($3)"
 		args = append(args, streams)
 	}
-	if _, err := tx.Exec(ctx, q, args...); err != nil {
+	if _, err := tx.Exec(ctx, "INSERT INTO "+curTable+" SELECT stream_id, stream_position, applied, skipped, dead_lettered FROM "+
+		pgx.Identifier{cfg.Engine.Schema, "cursors"}.Sanitize()+where, args...); err != nil {
 		return nil, fmt.Errorf("snapshot cursors: %w", err)
+	}
+	// Dead letters commit in the batch transaction too.
+	if _, err := tx.Exec(ctx, "INSERT INTO "+s.liveDeadLetters()+" SELECT stream_id, stream_position, error_kind FROM "+
+		pgx.Identifier{cfg.Engine.Schema, "dead_letters"}.Sanitize()+where, args...); err != nil {
+		return nil, fmt.Errorf("snapshot dead letters: %w", err)
 	}
 	for _, t := range tables {
 		if _, err := tx.Exec(ctx, fmt.Sprintf("CREATE UNLOGGED TABLE %s AS SELECT * FROM %s", s.liveIdent(t), quoteQualified(t))); err != nil {
@@ -501,6 +514,7 @@ type driftRow struct {
 
 type driftReport struct {
 	limit    int
+	accounts []accountDiff
 	rows     []driftRow // printed, up to limit per table
 	drift    map[string]int
 	orderDep map[string]int
@@ -600,6 +614,7 @@ func (rep *driftReport) write(w io.Writer, spec rules.Spec, events int64, stream
 			}
 		}
 	}
+	total += rep.writeAccounting(w)
 	fmt.Fprintf(w, "%s v%d: %d events of %d streams rebuilt; ", spec.Name, spec.Version, events, streams)
 	if total == 0 {
 		fmt.Fprint(w, "no drift")
@@ -609,8 +624,8 @@ func (rep *driftReport) write(w io.Writer, spec rules.Spec, events int64, stream
 		fmt.Fprintln(w)
 		return nil
 	}
-	fmt.Fprintf(w, "%d rows drift\n", total)
-	return fmt.Errorf("%s v%d: %d rows differ from a rebuild: %w", spec.Name, spec.Version, total, ErrDrift)
+	fmt.Fprintf(w, "%d differences (drift)\n", total)
+	return fmt.Errorf("%s v%d: %d differences from a rebuild: %w", spec.Name, spec.Version, total, ErrDrift)
 }
 
 // describe renders one drifted row: its key, then what differs.

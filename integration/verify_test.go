@@ -78,6 +78,64 @@ func TestCLIRuleTestDatabase(t *testing.T) {
 	if n := e.queryInt(`SELECT count(*) FROM pg_namespace WHERE nspname LIKE 'pgscribe_test_%'`); n != 0 {
 		t.Errorf("%d scratch schemas left behind", n)
 	}
+
+	// A 1,000-event fixture, every event checked, timed (logged, not
+	// asserted: README quotes the figure).
+	big := e.dir + "/big.toml"
+	if err := os.WriteFile(big, []byte(bigFixture(100, 9)), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, args := range [][]string{{"test", "-config", cfg, big}, {"test", "-config", cfg, "-database", big}} {
+		start := time.Now()
+		r := e.mustRun(0, args...)
+		t.Logf("%s: %s (%s)", strings.Join(args[3:], " "), time.Since(start).Round(time.Millisecond), strings.TrimSpace(r.stdout))
+	}
+}
+
+// bigFixture is accounts AccountOpened events and moves deposits each,
+// every one with its expected intent, and the balances they leave.
+func bigFixture(accounts, moves int) string {
+	var b strings.Builder
+	b.WriteString("projection = \"balances\"\n")
+	i := 0
+	var rows []string
+	for a := 1; a <= accounts; a++ {
+		fmt.Fprintf(&b, `
+[[event]]
+type   = "AccountOpened"
+stream = "acct-%[1]d"
+data   = { account_id = "acct-%[1]d", owner = "o%[1]d", initial = 10 }
+  [[event.intent]]
+  op    = "upsert"
+  table = "balances"
+  key   = { account_id = "acct-%[1]d" }
+  set   = { owner = "o%[1]d", balance = 10, closed = false, updated_at = %[2]s }
+`, a, fixtureTime(i))
+		i++
+		for m := 1; m <= moves; m++ {
+			fmt.Fprintf(&b, `
+[[event]]
+type   = "Deposited"
+stream = "acct-%[1]d"
+data   = { account_id = "acct-%[1]d", amount = %[2]d }
+  [[event.intent]]
+  op    = "update"
+  table = "balances"
+  key   = { account_id = "acct-%[1]d" }
+  inc   = { balance = %[2]d }
+  set   = { updated_at = %[3]s }
+`, a, m, fixtureTime(i))
+			i++
+		}
+		rows = append(rows, fmt.Sprintf(`{ account_id = "acct-%d", balance = %d, updated_at = %s }`, a, 10+moves*(moves+1)/2, fixtureTime(i-1)))
+	}
+	fmt.Fprintf(&b, "\n[[table]]\nname = \"balances\"\nrows = [\n  %s,\n]\n", strings.Join(rows, ",\n  "))
+	return b.String()
+}
+
+// fixtureTime is the default occurred_at of a fixture's event i.
+func fixtureTime(i int) string {
+	return time.Date(2024, 1, 1, 0, 0, 0, 0, time.UTC).Add(time.Duration(i) * time.Second).Format(time.RFC3339)
 }
 
 // driftLine is a drifted row of verify's report.
@@ -166,6 +224,19 @@ FROM generate_series(1, $1::int) a, generate_series($2::int, $2::int + 1) m ORDE
 		t.Errorf("-stream acct-3 -stream acct-4: want only acct-3's row:\n%s", r)
 	}
 	e.mustRun(0, "verify", "-config", cfg, "-projection", "balances", "-version", "1", "-stream", "acct-4")
+
+	// A dead letter that disappeared is an accounting difference.
+	var stream string
+	var pos int64
+	if err := e.conn.QueryRow(context.Background(), `DELETE FROM pgscribe.dead_letters WHERE id = (SELECT min(id) FROM pgscribe.dead_letters
+WHERE stream_id = 'acct-4') RETURNING stream_id, stream_position`).Scan(&stream, &pos); err != nil {
+		t.Fatal(err)
+	}
+	r = e.mustRun(1, "verify", "-config", cfg, "-projection", "balances", "-version", "1", "-stream", "acct-4")
+	if w := fmt.Sprintf("dead letter stream %s #%d (rule:non_positive): rebuild only", stream, pos); !strings.Contains(r.stdout, w) ||
+		driftLine.MatchString(r.stdout) {
+		t.Errorf("want %q and no row drift:\n%s", w, r)
+	}
 	if n := e.queryInt(`SELECT count(*) FROM pg_namespace WHERE nspname LIKE 'pgscribe_verify_%'`); n != 0 {
 		t.Errorf("%d scratch schemas left behind", n)
 	}
