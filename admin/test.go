@@ -131,6 +131,7 @@ func (f *Fixture) spec(cfg *config.Config) (rules.Spec, *config.Error) {
 
 type fixtureResult struct {
 	failures      []string
+	tableFailures []string // listed after the events' failures
 	checked       int
 	needsDatabase int // dead-letter expectations of commit-time failures not checked offline
 	tables        int
@@ -187,6 +188,7 @@ func runFixture(ctx context.Context, cfg *config.Config, conn *pgx.Conn, f *Fixt
 				f.Path, fe.Line, fe.Label, fe.Event.Type, fe.Event.StreamID, fe.Event.StreamPosition, diff))
 		}
 	}
+	r.failures = append(r.failures, r.tableFailures...)
 	return r, nil
 }
 
@@ -529,7 +531,7 @@ func databaseBuild(ctx context.Context, cfg *config.Config, conn *pgx.Conn, s *s
 			return err
 		}
 		if diff != "" {
-			r.failures = append(r.failures, fmt.Sprintf("%s:%d: table %s after all %d events:\n%s", f.Path, t.Line, t.Name, len(f.Events), diff))
+			r.tableFailures = append(r.tableFailures, fmt.Sprintf("%s:%d: table %s after all %d events:\n%s", f.Path, t.Line, t.Name, len(f.Events), diff))
 		}
 	}
 	return nil

@@ -114,6 +114,11 @@ func verifyIn(ctx context.Context, cfg *config.Config, o VerifyOptions, conn *pg
 		return err
 	}
 	logf("snapshot: %d streams accounted for, %d tables copied", len(cursors), len(tables))
+	for _, id := range o.Streams {
+		if _, ok := cursors[id]; !ok {
+			logf("stream %s: no cursor, none of its events is accounted for yet", id)
+		}
+	}
 
 	src, err := pgx.Connect(ctx, cfg.Database.URL)
 	if err != nil {
@@ -183,7 +188,7 @@ func verifyIn(ctx context.Context, cfg *config.Config, o VerifyOptions, conn *pg
 		if err := diffTable(ctx, conn, s, t, keys[t], len(o.Streams) > 0, rep); err != nil {
 			return err
 		}
-		logf("table %s: %d rows drift, %d order-dependent (%s)", t, rep.drift[t], rep.orderDep[t], time.Since(tstart).Round(time.Millisecond))
+		logf("table %s: %d rows drift, %d order-dependent, compared in %s", t, rep.drift[t], rep.orderDep[t], time.Since(tstart).Round(time.Millisecond))
 	}
 	if err := rep.account(ctx, conn, s); err != nil {
 		return err
@@ -554,6 +559,11 @@ UNION ALL SELECT 'missing', NULL::jsonb, to_jsonb(e), false FROM (SELECT %[1]s F
 			ec[i] = "e." + pgx.Identifier{c}.Sanitize()
 		}
 		k0 := pgx.Identifier{key[0]}.Sanitize()
+		order := make([]string, len(key))
+		for i, k := range key {
+			c := pgx.Identifier{k}.Sanitize()
+			order[i] = fmt.Sprintf("coalesce(l.%s, e.%s)", c, c)
+		}
 		where := ""
 		if streams {
 			own := strings.ReplaceAll(strings.Join(od, " AND "), "o.", "w.")
@@ -563,9 +573,10 @@ UNION ALL SELECT 'missing', NULL::jsonb, to_jsonb(e), false FROM (SELECT %[1]s F
   CASE WHEN l.%[1]s IS NULL THEN NULL ELSE to_jsonb(l) END, CASE WHEN e.%[1]s IS NULL THEN NULL ELSE to_jsonb(e) END,
   EXISTS (SELECT 1 FROM %[2]s o WHERE %[3]s)
 FROM %[4]s l FULL JOIN %[5]s e ON %[6]s
-WHERE (l.%[1]s IS NULL OR e.%[1]s IS NULL OR (%[7]s) IS DISTINCT FROM (%[8]s))%[9]s`,
+WHERE (l.%[1]s IS NULL OR e.%[1]s IS NULL OR (%[7]s) IS DISTINCT FROM (%[8]s))%[9]s
+ORDER BY %[10]s`,
 			k0, keyTable(s, "pgscribe_orderdep__", t), strings.Join(od, " AND "), s.liveIdent(t), s.ident(t),
-			strings.Join(on, " AND "), strings.Join(lc, ", "), strings.Join(ec, ", "), where)
+			strings.Join(on, " AND "), strings.Join(lc, ", "), strings.Join(ec, ", "), where, strings.Join(order, ", "))
 	}
 	rows, err := conn.Query(ctx, q)
 	if err != nil {

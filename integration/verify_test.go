@@ -63,6 +63,7 @@ func TestCLIRuleTestDatabase(t *testing.T) {
 		t.Fatal(err)
 	}
 	r = e.mustRun(1, "test", "-config", cfg, "-database", path)
+	t.Logf("a wrong fixture:\n%s", r.stdout)
 	for _, want := range []string{
 		"FAIL  " + path,
 		path + ":33: ada deposits 50 (Deposited, stream acct-1 #2):",
@@ -138,6 +139,19 @@ func fixtureTime(i int) string {
 	return time.Date(2024, 1, 1, 0, 0, 0, 0, time.UTC).Add(time.Duration(i) * time.Second).Format(time.RFC3339)
 }
 
+// requireNoDrift runs `pgscribe verify` on a projection version and fails
+// t unless the live read model equals a rebuild from the events its
+// cursors accounted for: an oracle for any test that leaves a projection
+// running or stopped (crash, failover, fault tests).
+func requireNoDrift(t *testing.T, bin, cfg, projection string, version int64) cliResult {
+	t.Helper()
+	r := runCLI(t, bin, "verify", "-config", cfg, "-projection", projection, "-version", fmt.Sprint(version))
+	if r.code != 0 || !strings.Contains(r.stdout, "no drift") || driftLine.MatchString(r.stdout) {
+		t.Fatalf("verify %s v%d: want no drift:\n%s", projection, version, r)
+	}
+	return r
+}
+
 // driftLine is a drifted row of verify's report.
 var driftLine = regexp.MustCompile(`(?m)^  (different|missing|extra)\b.*$`)
 
@@ -176,7 +190,7 @@ FROM generate_series(1, $1::int) a, generate_series($2::int, $2::int + 1) m ORDE
 			batches++
 		}
 	}()
-	r := e.mustRun(0, "verify", "-config", cfg, "-projection", "balances", "-version", "1")
+	r := requireNoDrift(t, e.bin, cfg, "balances", 1)
 	stopWriter()
 	wg.Wait()
 	if writerErr != nil {
@@ -185,13 +199,19 @@ FROM generate_series(1, $1::int) a, generate_series($2::int, $2::int + 1) m ORDE
 	if batches < 2 {
 		t.Fatalf("the writer appended only %d batches while verify ran: not a test under load", batches)
 	}
-	if !strings.Contains(r.stdout, "no drift") || driftLine.MatchString(r.stdout) {
-		t.Fatalf("verify under load: want no drift:\n%s", r)
-	}
 	if !strings.Contains(r.stderr, "verify: table balances:") {
 		t.Errorf("want a progress line per table on stderr:\n%s", r)
 	}
 	t.Logf("verify under load (%d writer batches):\n%s", batches, r.stdout)
+	// The snapshot must have been taken mid-stream: events existed beyond
+	// the cursors, so the rebuild had to stop exactly at them.
+	var rebuilt int64
+	if _, err := fmt.Sscanf(r.stdout[strings.Index(r.stdout, "balances v1: "):], "balances v1: %d events", &rebuilt); err != nil {
+		t.Fatalf("no event count in %q: %v", r.stdout, err)
+	}
+	if total := e.queryInt(`SELECT count(*) FROM events`); rebuilt >= total {
+		t.Errorf("verify rebuilt %d events of %d: the writer added none after its snapshot", rebuilt, total)
+	}
 	e.waitAccounted(p, "balances", 1)
 
 	// Tamper with three rows; verify must name exactly those.
@@ -200,6 +220,7 @@ FROM generate_series(1, $1::int) a, generate_series($2::int, $2::int + 1) m ORDE
 	e.exec(`INSERT INTO balances (account_id, owner, balance) VALUES ('ghost', 'nobody', 5)`)
 	want := e.queryInt(`SELECT balance - 1000 FROM balances WHERE account_id = 'acct-3'`)
 	r = e.mustRun(1, "verify", "-config", cfg, "-projection", "balances", "-version", "1")
+	t.Logf("verify after tampering:\n%s%s", r.stderr, r.stdout)
 	lines := driftLine.FindAllString(r.stdout, -1)
 	if len(lines) != 3 || !strings.Contains(r.stdout, "3 rows drift") {
 		t.Fatalf("want exactly 3 drifted rows:\n%s", r)
