@@ -50,3 +50,23 @@ func TestExampleFixtures(t *testing.T) {
 		t.Errorf("bad fixture: exit %d (want 2), %v", exitCode(err), err)
 	}
 }
+
+// verify and test refuse what they cannot do with exit 2, before touching
+// a database.
+func TestRulesCommandsUsage(t *testing.T) {
+	cfg := filepath.Join(srcDir, "config.toml.example")
+	for _, args := range [][]string{
+		{"test", "-config", cfg},
+		{"test", "-bogus"},
+		{"test", "-config", cfg, filepath.Join(t.TempDir(), "missing.toml")},
+		{"verify", "-config", cfg},
+		{"verify", "-config", cfg, "-projection", "balances"},
+		{"verify", "-config", cfg, "-projection", "nope", "-version", "1"},
+		{"verify", "-config", cfg, "-projection", "balances", "-version", "1", "extra"},
+	} {
+		var out, errOut bytes.Buffer
+		if err := run(args, &out, &errOut); exitCode(err) != 2 {
+			t.Errorf("pgscribe %s: exit %d (want 2): %v", strings.Join(args, " "), exitCode(err), err)
+		}
+	}
+}
