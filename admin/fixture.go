@@ -8,6 +8,7 @@ import (
 	"slices"
 	"sort"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/BurntSushi/toml"
@@ -126,8 +127,13 @@ func (d *fixtureDecoder) known(path []string, m map[string]any, allowed ...strin
 	}
 	sort.Strings(keys)
 	for _, k := range keys {
-		if !slices.Contains(allowed, k) {
-			d.fail(sub(path, k), "unknown key (known: %v)", allowed)
+		if slices.Contains(allowed, k) {
+			continue
+		}
+		if s := config.Suggest(k, allowed); s != "" {
+			d.fail(sub(path, k), "unknown key (did you mean %q?)", s)
+		} else {
+			d.fail(sub(path, k), "unknown key (known: %s)", strings.Join(allowed, ", "))
 		}
 	}
 }

@@ -24,3 +24,7 @@ func (l Lines) Line(path ...string) int {
 	}
 	return l.ix.line(p)
 }
+
+// Suggest returns the key of known closest to k when k looks like a typo
+// of it, else "": the "did you mean" of unknown-key errors.
+func Suggest(k string, known []string) string { return suggest(k, known) }
