@@ -120,7 +120,12 @@ func verifyIn(ctx context.Context, cfg *config.Config, o VerifyOptions, conn *pg
 		}
 	}
 
-	src, err := pgx.Connect(ctx, cfg.Database.URL)
+	srcCfg, err := pgx.ParseConfig(cfg.Database.URL)
+	if err != nil {
+		return fmt.Errorf("parse source url: %w", err)
+	}
+	srcCfg.RuntimeParams["TimeZone"] = "UTC" // as the engine's replication connection
+	src, err := pgx.ConnectConfig(ctx, srcCfg)
 	if err != nil {
 		return fmt.Errorf("connect to source: %w", err)
 	}
@@ -267,7 +272,9 @@ func (s *scratch) liveIdent(t string) string {
 func readEvents(ctx context.Context, conn *pgx.Conn, src config.Source, cursors map[string]int64, streams []string, fn func(*event.Event) error) error {
 	c := src.Columns
 	id := func(n string) string { return pgx.Identifier{n}.Sanitize() }
-	q := fmt.Sprintf(`SELECT %s::bigint, %s::text, %s::text, %s::bigint, %s, %s::text, %s::text, %s::timestamptz FROM %s`,
+	// occurred_at is read as the backfill reads it (no cast: a timestamp
+	// without time zone is taken as UTC, whatever the session's TimeZone).
+	q := fmt.Sprintf(`SELECT %s::bigint, %s::text, %s::text, %s::bigint, %s, %s::text, %s::text, %s FROM %s`,
 		id(c.Position), id(c.ID), id(c.StreamID), id(c.StreamPosition), id(c.Type), id(c.Data), id(c.Metadata), id(c.OccurredAt),
 		quoteQualified(src.Table))
 	var args []any
