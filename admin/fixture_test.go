@@ -197,11 +197,14 @@ func TestWritersOrderDependence(t *testing.T) {
 			t.Errorf("row %s: order-dependent %v, want %v", k, got[k], v)
 		}
 	}
-	if w.err != nil {
-		t.Fatal(w.err)
+	if len(w.untracked) != 0 {
+		t.Fatal(w.untracked)
 	}
-	w.see(ev("s3"), []event.Intent{{Rule: "r", Op: event.OpUpdate, Table: "t", Set: []event.Column{{Name: "v", Value: "y"}}}})
-	if w.err == nil {
-		t.Error("an intent without the key column must make rows unattributable")
+	w.see(ev("s3"), []event.Intent{{Rule: "r", Op: event.OpUpdate, Table: "t", Set: []event.Column{{Name: "v", Value: "y"}}}, inc})
+	if w.untracked["t"] != "r" {
+		t.Error("an intent without the key column must make the table untracked")
+	}
+	if wr := w.rows["t"][`["inc-only"]`]; wr == nil || !wr.multi {
+		t.Error("the intents after an untracked one are still recorded")
 	}
 }

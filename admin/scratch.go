@@ -142,6 +142,20 @@ func (e *scratchEval) Eval(ev *event.Event) ([]event.Intent, error) {
 	return out, nil
 }
 
+// checkSQLRules refuses sql rules that a scratch build cannot confine: it
+// runs them with search_path = the scratch schema, so only a qualified
+// name ("app.audit", or any "." in the statement, to be safe) could reach
+// a live table.
+func checkSQLRules(spec rules.Spec) error {
+	for _, r := range spec.Rules {
+		if r.Op == string(event.OpSQL) && strings.Contains(r.SQL, ".") {
+			return fmt.Errorf("projection %s v%d, rule %q: its sql contains a \".\" (a schema-qualified name could write a live table from a scratch build): name its tables unqualified",
+				spec.Name, spec.Version, r.Name)
+		}
+	}
+	return nil
+}
+
 // noFence is the fence of a scratch build: nothing else writes there.
 type noFence struct{}
 

@@ -42,3 +42,14 @@ func TestScratchEval(t *testing.T) {
 		t.Error(scratchTableName("app.t"))
 	}
 }
+
+func TestCheckSQLRules(t *testing.T) {
+	ok := rules.Spec{Name: "p", Version: 1, Rules: []rules.RuleSpec{{Name: "s", Op: "sql", SQL: "INSERT INTO audit VALUES ($1)"}}}
+	if err := checkSQLRules(ok); err != nil {
+		t.Error(err)
+	}
+	bad := rules.Spec{Name: "p", Version: 1, Rules: []rules.RuleSpec{{Name: "s", Op: "sql", SQL: "INSERT INTO app.audit VALUES ($1)"}}}
+	if err := checkSQLRules(bad); err == nil || !strings.Contains(err.Error(), `rule "s"`) {
+		t.Errorf("want a refusal naming the rule, got %v", err)
+	}
+}

@@ -458,6 +458,9 @@ func formatValue(v any) string {
 // commit-time dead letters into outs, and compares the [[table]] rows.
 func databaseRun(ctx context.Context, cfg *config.Config, conn *pgx.Conn, f *Fixture, spec rules.Spec, prog *rules.Program,
 	outs []outcome, r *fixtureResult) error {
+	if err := checkSQLRules(spec); err != nil {
+		return &FixtureError{Errs: config.Errors{{File: f.Path, Line: f.line, Key: "projection", Msg: err.Error()}}}
+	}
 	tables := projectionTables(prog)
 	for _, t := range f.Tables {
 		if !slices.Contains(tables, t.Name) {
