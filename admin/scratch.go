@@ -58,9 +58,40 @@ func newScratch(ctx context.Context, conn *pgx.Conn, prefix string, tables []str
 			pgx.Identifier{s.schema, scratchTableName(t)}.Sanitize(), quoteQualified(t))); err != nil {
 			return s, fmt.Errorf("copy table %s: %w", t, err)
 		}
+		if err := s.ownSequences(ctx, conn, t); err != nil {
+			return s, err
+		}
 		s.tables[t] = name
 	}
 	return s, nil
+}
+
+// ownSequences gives the copy of t sequences of its own: LIKE copies a
+// serial column's DEFAULT nextval('live_seq'), and a build must not
+// advance the live table's sequence. (Identity columns already get new
+// sequences from INCLUDING ALL.)
+func (s *scratch) ownSequences(ctx context.Context, conn *pgx.Conn, t string) error {
+	rows, err := conn.Query(ctx, `SELECT a.attname FROM pg_attrdef d
+JOIN pg_attribute a ON a.attrelid = d.adrelid AND a.attnum = d.adnum
+WHERE d.adrelid = $1::regclass AND pg_get_expr(d.adbin, d.adrelid) LIKE 'nextval(%'`, s.ident(t))
+	if err != nil {
+		return fmt.Errorf("read defaults of %s: %w", t, err)
+	}
+	cols, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return fmt.Errorf("read defaults of %s: %w", t, err)
+	}
+	for i, c := range cols {
+		seq := pgx.Identifier{s.schema, fmt.Sprintf("%s__seq%d", scratchTableName(t), i)}.Sanitize()
+		literal := "'" + strings.ReplaceAll(seq, "'", "''") + "'"
+		for _, stmt := range []string{"CREATE SEQUENCE " + seq,
+			fmt.Sprintf("ALTER TABLE %s ALTER COLUMN %s SET DEFAULT nextval(%s::regclass)", s.ident(t), pgx.Identifier{c}.Sanitize(), literal)} {
+			if _, err := conn.Exec(ctx, stmt); err != nil {
+				return fmt.Errorf("give %s.%s a scratch sequence: %w", t, c, err)
+			}
+		}
+	}
+	return nil
 }
 
 // withScratch runs fn with a new scratch schema (see newScratch) and

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"reflect"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -99,8 +100,10 @@ func Verify(ctx context.Context, cfg *config.Config, o VerifyOptions, w, progres
 func verifyIn(ctx context.Context, cfg *config.Config, o VerifyOptions, conn *pgx.Conn, s *scratch, spec rules.Spec, prog *rules.Program,
 	tables []string, w io.Writer, logf func(string, ...any)) (err error) {
 	keys := map[string][]string{}
+	compared := map[string][]string{}
 	for _, t := range tables {
-		if keys[t], err = tableKey(ctx, conn, t, prog); err != nil {
+		compared[t] = writtenColumns(spec, prog, t)
+		if keys[t], err = tableKey(ctx, conn, t, prog, compared[t]); err != nil {
 			return err
 		}
 		if keys[t] == nil && len(o.Streams) > 0 {
@@ -197,7 +200,7 @@ func verifyIn(ctx context.Context, cfg *config.Config, o VerifyOptions, conn *pg
 			return err
 		}
 		tstart := time.Now()
-		if err := diffTable(ctx, conn, s, t, keys[t], len(o.Streams) > 0, rep); err != nil {
+		if err := diffTable(ctx, conn, s, t, keys[t], compared[t], len(o.Streams) > 0, rep); err != nil {
 			return err
 		}
 		logf("table %s: %d rows drift, %d order-dependent, compared in %s", t, rep.drift[t], rep.orderDep[t], time.Since(tstart).Round(time.Millisecond))
@@ -323,9 +326,38 @@ func readEvents(ctx context.Context, conn *pgx.Conn, src config.Source, cursors 
 	return nil
 }
 
-// tableKey is the columns that identify a row of t: its primary key, else
-// the key every rule writing t uses; nil when neither exists.
-func tableKey(ctx context.Context, conn *pgx.Conn, t string, prog *rules.Program) ([]string, error) {
+// writtenColumns is the columns of t that the projection's rules write,
+// sorted: the columns verify compares. Others take their defaults (a
+// serial id, an inserted_at DEFAULT now()), which a rebuild cannot
+// reproduce. nil (every column) when the projection has sql rules, whose
+// columns are not known.
+func writtenColumns(spec rules.Spec, prog *rules.Program, t string) []string {
+	for _, r := range spec.Rules {
+		if r.Op == string(event.OpSQL) {
+			return nil
+		}
+	}
+	var cols []string
+	for _, tg := range prog.Targets() {
+		if tg.Table != t {
+			continue
+		}
+		for _, group := range [][]string{tg.KeyColumns, tg.SetColumns, tg.IncColumns} {
+			for _, c := range group {
+				if !slices.Contains(cols, c) {
+					cols = append(cols, c)
+				}
+			}
+		}
+	}
+	sort.Strings(cols)
+	return cols
+}
+
+// tableKey is the columns that identify a row of t: its primary key when
+// the rules write all of it (compared; nil: any), else the key every rule
+// writing t uses; nil when neither exists.
+func tableKey(ctx context.Context, conn *pgx.Conn, t string, prog *rules.Program, compared []string) ([]string, error) {
 	rows, err := conn.Query(ctx, `SELECT a.attname FROM pg_index i
 JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = ANY(i.indkey)
 WHERE i.indrelid = $1::regclass AND i.indisprimary ORDER BY a.attname`, quoteQualified(t))
@@ -336,7 +368,11 @@ WHERE i.indrelid = $1::regclass AND i.indisprimary ORDER BY a.attname`, quoteQua
 	if err != nil {
 		return nil, fmt.Errorf("read primary key of %s: %w", t, err)
 	}
-	if len(pk) > 0 {
+	written := len(pk) > 0
+	for _, c := range pk {
+		written = written && (compared == nil || slices.Contains(compared, c))
+	}
+	if written {
 		return pk, nil
 	}
 	var common []string
@@ -549,21 +585,26 @@ type driftReport struct {
 // diffTable joins the live snapshot of t with its rebuild on the key, in
 // PostgreSQL, and records the rows that differ (without a key: the rows
 // of each side missing from the other, as multisets).
-func diffTable(ctx context.Context, conn *pgx.Conn, s *scratch, t string, key []string, streams bool, rep *driftReport) error {
+func diffTable(ctx context.Context, conn *pgx.Conn, s *scratch, t string, key, cols []string, streams bool, rep *driftReport) error {
 	if rep.drift == nil {
 		rep.drift, rep.orderDep, rep.keys = map[string]int{}, map[string]int{}, map[string][]string{}
 	}
 	rep.keys[t] = key
-	cols, err := columnNames(ctx, conn, s.ident(t))
-	if err != nil {
-		return err
+	if cols == nil {
+		var err error
+		if cols, err = columnNames(ctx, conn, s.ident(t)); err != nil {
+			return err
+		}
 	}
+	// Both sides restricted to the compared columns.
+	live := fmt.Sprintf("(SELECT %s FROM %s)", quoteColumns(cols), s.liveIdent(t))
+	rebuilt := fmt.Sprintf("(SELECT %s FROM %s)", quoteColumns(cols), s.ident(t))
 	var q string
 	if key == nil {
 		list := quoteColumns(cols)
-		q = fmt.Sprintf(`SELECT 'extra', to_jsonb(l), NULL::jsonb, false FROM (SELECT %[1]s FROM %[2]s EXCEPT ALL SELECT %[1]s FROM %[3]s) l
-UNION ALL SELECT 'missing', NULL::jsonb, to_jsonb(e), false FROM (SELECT %[1]s FROM %[3]s EXCEPT ALL SELECT %[1]s FROM %[2]s) e`,
-			list, s.liveIdent(t), s.ident(t))
+		q = fmt.Sprintf(`SELECT 'extra', to_jsonb(l), NULL::jsonb, false FROM (SELECT %[1]s FROM %[2]s x EXCEPT ALL SELECT %[1]s FROM %[3]s y) l
+UNION ALL SELECT 'missing', NULL::jsonb, to_jsonb(e), false FROM (SELECT %[1]s FROM %[3]s y EXCEPT ALL SELECT %[1]s FROM %[2]s x) e`,
+			list, live, rebuilt)
 	} else {
 		on := make([]string, len(key))
 		od := make([]string, len(key))
@@ -595,7 +636,7 @@ UNION ALL SELECT 'missing', NULL::jsonb, to_jsonb(e), false FROM (SELECT %[1]s F
 FROM %[4]s l FULL JOIN %[5]s e ON %[6]s
 WHERE (l.%[1]s IS NULL OR e.%[1]s IS NULL OR (%[7]s) IS DISTINCT FROM (%[8]s))%[9]s
 ORDER BY %[10]s`,
-			k0, keyTable(s, "pgscribe_orderdep__", t), strings.Join(od, " AND "), s.liveIdent(t), s.ident(t),
+			k0, keyTable(s, "pgscribe_orderdep__", t), strings.Join(od, " AND "), live, rebuilt,
 			strings.Join(on, " AND "), strings.Join(lc, ", "), strings.Join(ec, ", "), where, strings.Join(order, ", "))
 	}
 	rows, err := conn.Query(ctx, q)

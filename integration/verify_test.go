@@ -283,15 +283,29 @@ version = 1
   key   = { owner = "data.owner" }
   set   = { last_stream = "stream_id" }
   inc   = { touches = "1" }
+
+  [[projection.rule]]
+  name  = "log"
+  on    = "Touched"
+  op    = "insert"
+  table = "touch_log"
+  set   = { owner = "data.owner" }
 `)
 	e.mustRun(0, "migrate", "-config", cfg, "-events-table")
 	e.exec(`CREATE TABLE owner_last (owner text PRIMARY KEY, last_stream text NOT NULL, touches bigint NOT NULL)`)
+	// Columns no rule writes (a serial key, a DEFAULT now()) are not
+	// compared, and a rebuild does not advance the live sequence.
+	e.exec(`CREATE TABLE touch_log (id bigserial PRIMARY KEY, owner text NOT NULL, logged_at timestamptz NOT NULL DEFAULT clock_timestamp())`)
 	e.exec(`INSERT INTO events (stream_id, stream_position, type, data) VALUES
   ('s1', 1, 'Touched', '{"owner": "shared"}'), ('s2', 1, 'Touched', '{"owner": "shared"}'),
   ('s3', 1, 'Touched', '{"owner": "solo"}'), ('s3', 2, 'Touched', '{"owner": "solo"}')`)
 	p := e.start(cfg)
 	e.waitAccounted(p, "owners", 1)
+	seq := e.queryInt(`SELECT last_value FROM touch_log_id_seq`)
 	e.mustRun(0, "verify", "-config", cfg, "-projection", "owners", "-version", "1")
+	if after := e.queryInt(`SELECT last_value FROM touch_log_id_seq`); after != seq {
+		t.Errorf("verify advanced the live sequence from %d to %d", seq, after)
+	}
 
 	e.exec(`UPDATE owner_last SET last_stream = 'elsewhere' WHERE owner = 'shared'`)
 	r := e.mustRun(0, "verify", "-config", cfg, "-projection", "owners", "-version", "1")
@@ -300,9 +314,13 @@ version = 1
 		t.Errorf("want the shared row reported as order-dependent, not drift:\n%s", r)
 	}
 	e.exec(`UPDATE owner_last SET touches = 99 WHERE owner = 'solo'`)
+	e.exec(`UPDATE touch_log SET owner = 'nobody' WHERE id = (SELECT max(id) FROM touch_log WHERE owner = 'solo')`)
 	r = e.mustRun(1, "verify", "-config", cfg, "-projection", "owners", "-version", "1")
-	if !strings.Contains(r.stdout, `different { owner = "solo" }: touches: live 99, expected 2`) || !strings.Contains(r.stdout, "1 differences (drift)") {
-		t.Errorf("want the solo row as drift:\n%s", r)
+	for _, w := range []string{`different { owner = "solo" }: touches: live 99, expected 2`, "table touch_log: 2 rows drift",
+		`extra     { owner = "nobody" }: not in the rebuild`, `missing   { owner = "solo" }: not in the live table`, "3 differences (drift)"} {
+		if !strings.Contains(r.stdout, w) {
+			t.Errorf("want %q:\n%s", w, r)
+		}
 	}
 	p.stop()
 }
