@@ -745,3 +745,14 @@ func (c *Committer) applyIsolated(ctx context.Context, tx dbtx, plan []planned, 
 	}
 	return applied, failedN, nil
 }
+
+// NoObserver is an Observer that records nothing: for commits outside the
+// engine (a scratch build, a test) whose batches have no metrics.
+type NoObserver struct{}
+
+func (NoObserver) BatchDone(string, int, time.Duration) {}
+func (NoObserver) Outcomes(int, int, int)               {}
+func (NoObserver) DeadLettered(string)                  {}
+func (NoObserver) Gap()                                 {}
+func (NoObserver) RowsMissing(string, int)              {}
+func (NoObserver) Retried(string)                       {}

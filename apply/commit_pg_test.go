@@ -49,15 +49,6 @@ type tableFence struct{}
 func (tableFence) CheckStatement() (string, []any) { return "SELECT 1 FROM fence_ok", nil }
 func (tableFence) CheckFailed(err error) error     { return fmt.Errorf("%w: %w", event.ErrFenced, err) }
 
-type nopObserver struct{}
-
-func (nopObserver) BatchDone(string, int, time.Duration) {}
-func (nopObserver) Outcomes(int, int, int)               {}
-func (nopObserver) DeadLettered(string)                  {}
-func (nopObserver) Gap()                                 {}
-func (nopObserver) RowsMissing(string, int)              {}
-func (nopObserver) Retried(string)                       {}
-
 // rig is a migrated database with the read model and a running set of
 // partitions over it.
 type rig struct {
@@ -94,7 +85,7 @@ CREATE TABLE fence_ok ()`); err != nil {
 		t.Fatal(err)
 	}
 	c := apply.NewCommitter(pool, apply.Options{Projection: "counts", Version: 1, Schema: "pgscribe", MaxAttempts: 3,
-		Backoff: 10 * time.Millisecond}, countingRules{}, tableFence{}, nopObserver{}, slog.New(slog.NewTextHandler(io.Discard, nil)))
+		Backoff: 10 * time.Millisecond}, countingRules{}, tableFence{}, apply.NoObserver{}, slog.New(slog.NewTextHandler(io.Discard, nil)))
 	r := &rig{t: t, pool: pool, stop: make(chan struct{}), done: make(chan error, 1)}
 	r.parts = apply.NewPartitions(c, apply.PartitionOptions{Count: partitions, QueueSize: 256,
 		BatchSize: func() int { return 50 },
