@@ -42,9 +42,10 @@ func Probe(ctx context.Context, src Source) (fingerprint string, err error) {
 	var covered bool
 	// pg_get_publication_tables raises 42704 for a missing publication; it
 	// lists leaf partitions or the root depending on
-	// publish_via_partition_root, so coverage looks at the table's tree.
+	// publish_via_partition_root, so coverage looks at the table's tree
+	// (which pg_partition_tree leaves empty for a table not partitioned).
 	err = conn.QueryRow(ctx, `SELECT p.oid, EXISTS (SELECT 1 FROM pg_get_publication_tables($1::text) AS t
-		WHERE t.relid IN (SELECT relid FROM pg_partition_tree($2::regclass)))
+		WHERE t.relid = $2::regclass OR t.relid IN (SELECT relid FROM pg_partition_tree($2::regclass)))
 		FROM pg_publication p WHERE p.pubname = $1`, src.Publication, src.tableIdent()).Scan(&pubOID, &covered)
 	if err != nil && !errors.Is(err, pgx.ErrNoRows) {
 		return "", fmt.Errorf("probe publication %s: %w", src.Publication, err)
