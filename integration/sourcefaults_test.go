@@ -205,6 +205,32 @@ func TestSourceFaultPublicationDropped(t *testing.T) {
 	}
 }
 
+// TestSourceFaultPublicationRecreatedWhileStopped: the publication dropped
+// and recreated while pgscribe was down, events appended in between — the
+// slot cannot decode them (the publication is missing from the catalog
+// snapshot at its position) though the source passes every check: the
+// engine resyncs once at start instead of looping.
+func TestSourceFaultPublicationRecreatedWhileStopped(t *testing.T) {
+	t.Parallel()
+	proj := faultProjection{name: "pubgone", types: []string{"Tick"}}
+	e, p := startFault(t, 5, "", rounds("g", 4, 10, "Tick", nil), proj)
+	admin := e.dsn
+	p.stop(t)
+	e.exec(t, "DROP PUBLICATION "+pgx.Identifier{e.scalarText(t, `SELECT pubname FROM pg_publication`)}.Sanitize())
+	e.appendEvents(t, rounds("g", 4, 5, "Tick", nil)...)
+	migrate(t, e, admin)
+	e.appendEvents(t, rounds("g", 4, 5, "Tick", nil)...)
+
+	p = e.start(t)
+	p.waitLog(t, waitLong, "the resync", logMsg("resyncing from a new snapshot", proj.name))
+	e.appendEvents(t, rounds("g", 4, 5, "Tick", nil)...)
+	e.verifyClean(t, p, proj)
+	if n := p.countLog(logMsg("projection halted", proj.name)); n != 0 {
+		t.Errorf("halted %d times; the source passes every check, the slot is resynced", n)
+	}
+	p.stop(t)
+}
+
 func TestSourceFaultSelectRevokedDuringBackfill(t *testing.T) {
 	t.Parallel()
 	proj := faultProjection{name: "revoke", types: []string{"Tick"}}
