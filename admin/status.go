@@ -84,10 +84,14 @@ type ProjectionStatus struct {
 	LockPID int32  `json:"lock_pid,omitempty"`
 	// HaltedAt and HaltReason are set when the active node halted the
 	// projection (it keeps the lock while halted).
-	HaltedAt   *time.Time       `json:"halted_at,omitempty"`
-	HaltReason string           `json:"halt_reason,omitempty"`
-	Slot       SlotStatus       `json:"slot"`
-	Watermark  *WatermarkStatus `json:"watermark"`
+	HaltedAt   *time.Time `json:"halted_at,omitempty"`
+	HaltReason string     `json:"halt_reason,omitempty"`
+	// HaltStage (source or commit) and HaltSQLState are read from the
+	// halt reason; a source halt resumes by itself once its cause is gone.
+	HaltStage    string           `json:"halt_stage,omitempty"`
+	HaltSQLState string           `json:"halt_sqlstate,omitempty"`
+	Slot         SlotStatus       `json:"slot"`
+	Watermark    *WatermarkStatus `json:"watermark"`
 	// LagSeconds is 0 when every event is accounted for, else the age of
 	// the watermark's commit: an upper bound of the age of the oldest event
 	// not yet applied. The stored watermark trails the engine's by up to
@@ -301,6 +305,7 @@ func Status(ctx context.Context, cfg *config.Config) (*StatusReport, error) {
 			ps.HaltedAt = ls.HaltedAt
 			if ls.HaltReason != nil {
 				ps.HaltReason = *ls.HaltReason
+				ps.HaltStage, ps.HaltSQLState = engine.HaltCause(ps.HaltReason)
 			}
 		}
 		if pid != 0 {
@@ -450,7 +455,9 @@ func statusNotes(ps ProjectionStatus, haveWM bool, wmSlot string, hasCursors boo
 	if haveWM && wmSlot != "" && wmSlot != ps.Slot.Name {
 		notes = append(notes, fmt.Sprintf("the watermark belongs to slot %q (slot_prefix changed?): the next run rebuilds", wmSlot))
 	}
-	if ps.State == engine.StateHalted {
+	if ps.State == engine.StateHalted && engine.SourceHalt(ps.HaltReason) {
+		notes = append(notes, fmt.Sprintf("halted on node %s: %s — the source cannot be read; the engine probes it every standby_poll and resumes by itself once the cause is fixed; nothing was acknowledged", ps.Node, ps.HaltReason))
+	} else if ps.State == engine.StateHalted {
 		notes = append(notes, fmt.Sprintf("halted on node %s: %s — fix the cause, then restart pgscribe on that node; nothing of the failing batch was acknowledged", ps.Node, ps.HaltReason))
 	}
 	if ps.State == engine.StateStopped && ps.Slot.Exists {

@@ -44,8 +44,7 @@ type session struct {
 // session runs one active period while lease is held.
 func (p *Projection) session(ctx context.Context, lease *leader.Lease) error {
 	s := &session{Projection: p, lease: lease, store: cursor.New(p.cfg.Engine.Schema, p.spec.Name, p.spec.Version),
-		src: replication.Source{URL: p.cfg.Database.URL, Table: p.cfg.Source.Table, Publication: p.cfg.Source.Publication,
-			Slot: p.slot, Columns: replication.Columns(p.cfg.Source.Columns)},
+		src:   p.source(),
 		retry: sqlstate.Policy{MaxAttempts: p.cfg.Retry.MaxAttempts, Backoff: p.cfg.Retry.Backoff, MaxBackoff: p.cfg.Retry.MaxBackoff}}
 	return s.run(ctx)
 }
@@ -96,6 +95,7 @@ func (s *session) run(ctx context.Context) error {
 	go func() { defer close(lagDone); s.reportLag(sessCtx) }()
 
 	replConn, err := replication.ConnectReplication(sessCtx, s.cfg.Database.URL)
+	err = atSource(err)
 	if err == nil {
 		defer replConn.Close(context.WithoutCancel(ctx))
 		err = s.replicate(sessCtx, replConn)
@@ -152,7 +152,7 @@ func (s *session) connect(ctx context.Context) error {
 	srcConn, err := pgx.Connect(ctx, cfg.Database.URL)
 	if err != nil {
 		pool.Close()
-		return fmt.Errorf("connect source: %w", err)
+		return atSource(fmt.Errorf("connect source: %w", err))
 	}
 	s.pool, s.srcConn = pool, srcConn
 	return nil
@@ -169,14 +169,18 @@ func (s *session) plan(ctx context.Context) (event.LSN, error) {
 	}
 	slot, err := replication.InspectSlot(ctx, s.srcConn, s.slot)
 	if err != nil {
-		return 0, err
+		return 0, atSource(err)
 	}
 	hasCursors, err := s.store.HasCursors(ctx, s.pool)
 	if err != nil {
 		return 0, err
 	}
-	s.rebuild = !slot.Exists || slot.Lost() || !haveWM || wm.Phase != "live" || wm.SlotName != s.slot
+	resync := s.Projection.resync
+	s.Projection.resync = "" // one resync per decision; an interrupted one resumes as a backfill
+	s.rebuild = resync != "" || !slot.Exists || slot.Lost() || !haveWM || wm.Phase != "live" || wm.SlotName != s.slot
 	switch {
+	case resync != "":
+		s.log.Warn("resyncing from a new snapshot as for a lost slot, per-stream cursors skip what was applied: "+resync, "slot", s.slot)
 	case !s.rebuild:
 		s.log.Info("resuming from slot", "slot", s.slot, "confirmed_lsn", slot.Confirmed.String())
 	case hasCursors && slot.Lost():
@@ -190,14 +194,14 @@ func (s *session) plan(ctx context.Context) (event.LSN, error) {
 	}
 	if s.rebuild && slot.Exists {
 		if err := replication.DropSlot(ctx, s.srcConn, s.slot); err != nil {
-			return 0, err
+			return 0, atSource(err)
 		}
 	} else if !s.rebuild {
 		// A walsender left by a node that died or froze may still hold the
 		// slot; end it now rather than wait for its TCP timeout. (srcConn is
 		// used by the lag reporter from here on.)
 		if err := replication.TerminateSlotHolder(ctx, s.srcConn, s.slot); err != nil {
-			return 0, fmt.Errorf("free slot: %w", err)
+			return 0, atSource(fmt.Errorf("free slot: %w", err))
 		}
 	}
 	return slot.Confirmed, nil
@@ -237,9 +241,9 @@ func (s *session) replicate(ctx context.Context, replConn *pgconn.PgConn) error 
 		s.backfilling.Store(false)
 	}
 	s.setState(StateLive)
-	return replication.Stream(ctx, replConn, s.src, sink, replication.StreamOptions{
+	return atSlot(replication.Stream(ctx, replConn, s.src, sink, replication.StreamOptions{
 		StatusInterval: s.cfg.Engine.StatusInterval, StallTimeout: s.cfg.Engine.StallTimeout, Logger: s.log,
-	})
+	}))
 }
 
 // backfill creates the slot with an exported snapshot, applies every event
@@ -249,16 +253,16 @@ func (s *session) replicate(ctx context.Context, replConn *pgconn.PgConn) error 
 func (s *session) backfill(ctx context.Context, replConn *pgconn.PgConn, sink *ledgerSink) error {
 	consistent, snapName, err := replication.CreateSlot(ctx, replConn, s.slot)
 	if err != nil {
-		return err
+		return atSource(err)
 	}
 	snapConn, err := pgx.Connect(ctx, s.cfg.Database.URL)
 	if err != nil {
-		return fmt.Errorf("connect for snapshot: %w", err)
+		return atSource(fmt.Errorf("connect for snapshot: %w", err))
 	}
 	defer snapConn.Close(context.WithoutCancel(ctx))
 	snap, err := replication.OpenSnapshot(ctx, snapConn, s.src, snapName)
 	if err != nil {
-		return err
+		return atSource(err)
 	}
 	defer snap.Close(ctx)
 	// Backfill batches carry no commit time; the snapshot's newest commit
@@ -284,7 +288,7 @@ func (s *session) backfill(ctx context.Context, replConn *pgconn.PgConn, sink *l
 	for {
 		evs, err := snap.Next(ctx, s.cfg.Engine.BackfillBatchSize)
 		if err != nil {
-			return err
+			return atSource(err)
 		}
 		if len(evs) == 0 {
 			break

@@ -139,7 +139,7 @@ func (s *streamer) run(ctx context.Context) error {
 		case *pgproto3.ErrorResponse:
 			return fmt.Errorf("replication: %w", pgconn.ErrorResponseToPgError(msg))
 		case *pgproto3.CopyDone:
-			return errors.New("replication: server ended the stream")
+			return ErrStreamEnded
 		}
 	}
 }
