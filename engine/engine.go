@@ -311,6 +311,10 @@ func (p *Projection) session(ctx context.Context, lease *leader.Lease) error {
 
 	src := replication.Source{URL: cfg.Database.URL, Table: cfg.Source.Table, Publication: cfg.Source.Publication,
 		Slot: p.slot, Columns: replication.Columns(cfg.Source.Columns)}
+	// A column pgscribe cannot read halts now, not at the first event.
+	if err := replication.CheckTable(ctx, srcConn, src); err != nil {
+		return sourceHalt(err)
+	}
 
 	wm, haveWM, err := store.LoadWatermark(ctx, pool)
 	if err != nil {
@@ -446,6 +450,16 @@ func (p *Projection) session(ctx context.Context, lease *leader.Lease) error {
 	}
 	if ctx.Err() != nil {
 		return nil
+	}
+	return sourceHalt(err)
+}
+
+// sourceHalt makes a source error that no retry can get past a halt: an
+// events table pgscribe cannot read, or an insert into a relation it
+// cannot map to the events table.
+func sourceHalt(err error) error {
+	if errors.Is(err, replication.ErrUnreadable) || errors.Is(err, replication.ErrForeignRelation) {
+		return &apply.HaltError{Reason: "source events table", Err: err}
 	}
 	return err
 }

@@ -59,14 +59,21 @@ func CreateEventsTable(ctx context.Context, q Querier, table string) error {
 }
 
 // EnsurePublication makes publication publish inserts, and only inserts, of
-// table on the source database:
+// table on the source database, a partitioned table's through its root:
 //
-//   - absent: CREATE PUBLICATION … FOR TABLE … WITH (publish = 'insert');
+//   - absent: CREATE PUBLICATION … FOR TABLE … WITH (publish = 'insert',
+//     publish_via_partition_root = true);
 //   - publishing other operations (update, delete, truncate) or not inserts:
 //     ALTER PUBLICATION … SET (publish = 'insert');
+//   - without publish_via_partition_root (a publication made by an older
+//     pgscribe, or by hand): ALTER PUBLICATION … SET
+//     (publish_via_partition_root = true). Without it pgoutput names the
+//     partition an event went to, not the events table, and partitions
+//     attached later would need adding one by one;
 //   - not covering the table: ALTER PUBLICATION … ADD TABLE. Other tables it
-//     covers stay (another consumer may rely on them; the decoder ignores
-//     relations other than the events table);
+//     covers stay (another consumer may rely on them), but `pgscribe check`
+//     reports them: the stream stops at an insert into any relation that is
+//     not the events table, rather than guess;
 //   - covering the table with a row filter or a column list (PostgreSQL 15+),
 //     which would hide events: the table is dropped and re-added whole.
 //
@@ -103,6 +110,7 @@ func EnsurePublication(ctx context.Context, q Querier, publication, table string
 // pubState is what EnsurePublication needs to know about a publication.
 type pubState struct {
 	insert, update, delete, truncate, allTables bool
+	viaRoot                                     bool // publish_via_partition_root
 	covered                                     bool // the table is published (by FOR TABLE, TABLES IN SCHEMA or ALL TABLES)
 	restricted                                  bool // …with a row filter or a column list
 }
@@ -123,14 +131,14 @@ WHERE c.oid = to_regclass($1)`, tbl).Scan(&oid, &nsp, &rel)
 	}
 	// prqual and prattrs exist from PostgreSQL 15 on; reading them through
 	// to_jsonb keeps the query valid on older servers.
-	err = tx.QueryRow(ctx, `SELECT p.pubinsert, p.pubupdate, p.pubdelete, p.pubtruncate, p.puballtables,
+	err = tx.QueryRow(ctx, `SELECT p.pubinsert, p.pubupdate, p.pubdelete, p.pubtruncate, p.puballtables, p.pubviaroot,
   EXISTS (SELECT 1 FROM pg_publication_tables t
           WHERE t.pubname = p.pubname AND t.schemaname = $2 AND t.tablename = $3),
   EXISTS (SELECT 1 FROM pg_publication_rel r
           WHERE r.prpubid = p.oid AND r.prrelid = $4
             AND (to_jsonb(r) ->> 'prqual' IS NOT NULL OR to_jsonb(r) ->> 'prattrs' IS NOT NULL))
 FROM pg_publication p WHERE p.pubname = $1`, publication, nsp, rel, oid).Scan(
-		&st.insert, &st.update, &st.delete, &st.truncate, &st.allTables, &st.covered, &st.restricted)
+		&st.insert, &st.update, &st.delete, &st.truncate, &st.allTables, &st.viaRoot, &st.covered, &st.restricted)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return false, nil
 	}
@@ -144,7 +152,7 @@ FROM pg_publication p WHERE p.pubname = $1`, publication, nsp, rel, oid).Scan(
 // state; none when it is already there.
 func (st *pubState) fixes(found bool, pub, tbl string) []string {
 	if !found {
-		return []string{"CREATE PUBLICATION " + pub + " FOR TABLE " + tbl + " WITH (publish = 'insert')"}
+		return []string{"CREATE PUBLICATION " + pub + " FOR TABLE " + tbl + " WITH (publish = 'insert', publish_via_partition_root = true)"}
 	}
 	var stmts []string
 	if st.restricted {
@@ -156,6 +164,9 @@ func (st *pubState) fixes(found bool, pub, tbl string) []string {
 	}
 	if !st.insert || st.update || st.delete || st.truncate {
 		stmts = append(stmts, "ALTER PUBLICATION "+pub+" SET (publish = 'insert')")
+	}
+	if !st.viaRoot {
+		stmts = append(stmts, "ALTER PUBLICATION "+pub+" SET (publish_via_partition_root = true)")
 	}
 	return stmts
 }
