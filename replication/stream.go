@@ -84,8 +84,8 @@ func Stream(ctx context.Context, conn *pgconn.PgConn, src Source, sink Sink, o S
 }
 
 type relation struct {
-	name string // schema.table, for messages
-	ours bool   // the events table or a partition of it
+	name string         // schema.table, for messages
+	ours bool           // the events table or a partition of it
 	idx  [numFields]int // column index per field, -1 if absent
 	dec  *decoder
 }
