@@ -234,7 +234,8 @@ func (ck *checker) source(ctx context.Context) error {
   JOIN pg_class c ON c.relnamespace = n.oid AND c.relname = t.tablename
   WHERE t.pubname = $1)
 SELECT p.pubinsert, p.pubviaroot,
-  EXISTS (SELECT 1 FROM pt WHERE pt.ours),
+  EXISTS (SELECT 1 FROM pt WHERE pt.ours)
+    OR EXISTS (SELECT 1 FROM pg_publication_rel r WHERE r.prpubid = p.oid AND r.prrelid = $2),
   EXISTS (SELECT 1 FROM pg_publication_rel r
           WHERE r.prpubid = p.oid AND r.prrelid = $2
             AND (to_jsonb(r) ->> 'prqual' IS NOT NULL OR to_jsonb(r) ->> 'prattrs' IS NOT NULL)),

@@ -130,14 +130,21 @@ WHERE c.oid = to_regclass($1)`, tbl).Scan(&oid, &nsp, &rel)
 		return false, fmt.Errorf("look up table: %w", err)
 	}
 	// prqual and prattrs exist from PostgreSQL 15 on; reading them through
-	// to_jsonb keeps the query valid on older servers.
+	// to_jsonb keeps the query valid on older servers. Without
+	// publish_via_partition_root, pg_publication_tables lists a partitioned
+	// table's partitions, not the table: those, or the table's own
+	// membership, say it is covered.
 	err = tx.QueryRow(ctx, `SELECT p.pubinsert, p.pubupdate, p.pubdelete, p.pubtruncate, p.puballtables, p.pubviaroot,
-  EXISTS (SELECT 1 FROM pg_publication_tables t
-          WHERE t.pubname = p.pubname AND t.schemaname = $2 AND t.tablename = $3),
+  EXISTS (SELECT 1 FROM pg_publication_rel r WHERE r.prpubid = p.oid AND r.prrelid = $2)
+  OR EXISTS (SELECT 1 FROM pg_publication_tables t
+          JOIN pg_namespace n ON n.nspname = t.schemaname
+          JOIN pg_class c ON c.relnamespace = n.oid AND c.relname = t.tablename
+          WHERE t.pubname = p.pubname
+            AND (c.oid = $2 OR coalesce(pg_partition_root(c.oid) = $2, false))),
   EXISTS (SELECT 1 FROM pg_publication_rel r
-          WHERE r.prpubid = p.oid AND r.prrelid = $4
+          WHERE r.prpubid = p.oid AND r.prrelid = $2
             AND (to_jsonb(r) ->> 'prqual' IS NOT NULL OR to_jsonb(r) ->> 'prattrs' IS NOT NULL))
-FROM pg_publication p WHERE p.pubname = $1`, publication, nsp, rel, oid).Scan(
+FROM pg_publication p WHERE p.pubname = $1`, publication, oid).Scan(
 		&st.insert, &st.update, &st.delete, &st.truncate, &st.allTables, &st.viaRoot, &st.covered, &st.restricted)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return false, nil
