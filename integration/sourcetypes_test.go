@@ -325,6 +325,10 @@ SELECT 'got', g::text FROM (SELECT * FROM got EXCEPT SELECT * FROM want) g ORDER
 		if n := e.queryInt(`SELECT count(*) FROM rm_streams`); n == 0 {
 			t.Errorf("%s: empty read model", step)
 		}
+		// The lag probe reads the position column too.
+		if b, _ := os.ReadFile(p.log); strings.Contains(string(b), "lag probe failed") {
+			t.Errorf("%s: the lag probe failed on this table", step)
+		}
 	}
 
 	// Backfill: 6 streams of 8 events.
