@@ -84,17 +84,17 @@ var readable = [numFields][]struct {
 	fOccurredAt:     {{oidTimestamptz, "timestamptz", kindTimestamptz}, {oidTimestamp, "timestamp", kindTimestamp}},
 }
 
-// builtin reports whether oid is one of the base types some field reads,
-// so that no catalog lookup is needed to know its base type.
-func builtin(oid uint32) bool {
+// builtin returns the name of oid when it is one of the base types some
+// field reads, so that no catalog lookup is needed to know its base type.
+func builtin(oid uint32) (name string, ok bool) {
 	for _, rs := range readable {
 		for _, r := range rs {
 			if r.oid == oid {
-				return true
+				return r.name, true
 			}
 		}
 	}
-	return false
+	return "", false
 }
 
 // ErrUnreadable is wrapped by the errors of an events table pgscribe

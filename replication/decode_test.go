@@ -3,6 +3,7 @@ package replication
 import (
 	"context"
 	"errors"
+	"strings"
 	"testing"
 	"time"
 
@@ -249,5 +250,15 @@ func TestNewDecoderRefusesTypes(t *testing.T) {
 				t.Fatalf("ReadableType = %v, want %v", ok, !tt.wantErr)
 			}
 		})
+	}
+}
+
+func TestMapRelationRefusesType(t *testing.T) {
+	s := testStreamer("events")
+	m := relationOf("public", "events", allColumns...)
+	m.Columns[0].DataType = oidText // position
+	_, err := s.mapRelation(context.Background(), m)
+	if !errors.Is(err, ErrUnreadable) || !strings.Contains(err.Error(), `"position"`) || !strings.Contains(err.Error(), "type text") {
+		t.Fatalf("err = %v, want ErrUnreadable naming position and its type", err)
 	}
 }

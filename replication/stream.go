@@ -302,7 +302,11 @@ func (s *streamer) mapRelation(ctx context.Context, m *pglogrepl.RelationMessage
 			}
 			r.idx[f] = ci
 			cols[f] = columnType{name: n, typ: fmt.Sprintf("oid %d", col.DataType), base: col.DataType}
-			if builtin(col.DataType) || s.lookup == nil {
+			if name, ok := builtin(col.DataType); ok {
+				cols[f].typ = name
+				continue
+			}
+			if s.lookup == nil {
 				continue
 			}
 			base, shown, err := s.lookup.baseType(ctx, col.DataType)
