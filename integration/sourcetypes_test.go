@@ -106,19 +106,20 @@ var sourceShapes = []sourceShape{{
 	view:       `SELECT stream::text AS stream_id, version::bigint AS sp, seq::bigint AS p, kind::text AS t, event_id AS i, at AT TIME ZONE 'UTC' AS o, body::jsonb AS d, coalesce(meta::jsonb ->> 'user', '') AS u FROM ev`,
 	occurred:   true,
 }, {
-	name: "bigserial, uuid streams from 1, text data, no id, metadata or time",
-	ddl: `CREATE TABLE ev (
+	name: "bigserial, uuid streams from 1, text data, a domain, no id, metadata or time",
+	ddl: `CREATE DOMAIN event_type AS text CHECK (VALUE <> '');
+CREATE TABLE ev (
   position  bigserial PRIMARY KEY,
   stream    uuid NOT NULL,
   n         bigint NOT NULL,
-  type      text NOT NULL,
+  type      event_type NOT NULL,
   payload   text NOT NULL,
   UNIQUE (stream, n))`,
 	table:      `table = "ev"`,
 	columns:    `id = ""` + "\n" + `stream_id = "stream"` + "\n" + `stream_position = "n"` + "\n" + `data = "payload"` + "\n" + `metadata = ""` + "\n" + `occurred_at = ""`,
 	insertInto: `ev (stream, n, type, payload)`,
 	values:     `md5('stream' || s)::uuid, k + 1, ` + shapeType + `, (` + shapeDataJSON + `)::text`,
-	view:       `SELECT stream::text AS stream_id, n AS sp, position AS p, type AS t, '' AS i, NULL::timestamptz AS o, payload::jsonb AS d, '' AS u FROM ev`,
+	view:       `SELECT stream::text AS stream_id, n AS sp, position AS p, type::text AS t, '' AS i, NULL::timestamptz AS o, payload::jsonb AS d, '' AS u FROM ev`,
 }, {
 	name: "list partitions, one attached live, varchar streams, older publication",
 	ddl: `CREATE SCHEMA es;
