@@ -47,7 +47,7 @@ func (countingRules) Eval(ev *event.Event) ([]event.Intent, error) {
 type tableFence struct{}
 
 func (tableFence) CheckStatement() (string, []any) { return "SELECT 1 FROM fence_ok", nil }
-func (tableFence) CheckFailed(err error) error     { return fmt.Errorf("%w: %w", apply.ErrFenced, err) }
+func (tableFence) CheckFailed(err error) error     { return fmt.Errorf("%w: %w", event.ErrFenced, err) }
 
 type nopObserver struct{}
 
@@ -55,6 +55,8 @@ func (nopObserver) BatchDone(string, int, time.Duration) {}
 func (nopObserver) Outcomes(int, int, int)               {}
 func (nopObserver) DeadLettered(string)                  {}
 func (nopObserver) Gap()                                 {}
+func (nopObserver) RowsMissing(string, int)              {}
+func (nopObserver) Retried(string)                       {}
 
 // rig is a migrated database with the read model and a running set of
 // partitions over it.
@@ -295,7 +297,7 @@ func TestCommitFencedPG(t *testing.T) {
 	case <-ctx.Done():
 		t.Fatal("partitions still running after the fence failed")
 	}
-	if !errors.Is(runErr, apply.ErrFenced) {
+	if !errors.Is(runErr, event.ErrFenced) {
 		t.Errorf("Run = %v, want ErrFenced", runErr)
 	}
 	seen, _, applied, skipped, err := r.snapshot(ctx)

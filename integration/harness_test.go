@@ -187,7 +187,7 @@ func (c *config) write(t testing.TB, path string) string {
 // inc are the insides of their inline tables ("col = \"expr\", …"); args
 // is a TOML array; the other fields are written as TOML strings.
 type rule struct {
-	name, on, when, op, table, key, set, inc, message, sql, args string
+	name, on, when, op, table, key, set, inc, message, sql, args, ifMissing string
 }
 
 func (r rule) String() string {
@@ -222,6 +222,7 @@ func (r rule) String() string {
 		}
 	}
 	quoted("message", r.message)
+	quoted("if_missing", r.ifMissing)
 	quoted("sql", r.sql)
 	field("args", r.args)
 	return b.String()

@@ -26,15 +26,9 @@ var orderTypes = []string{"OrderPlaced", "ItemAdded", "ItemRemoved", "OrderPaid"
 func customersProjection() coreProjection {
 	return coreProjection{
 		name: "customers", version: 1,
-		rules: `
-  [[projection.rule]]
-  name  = "total"
-  op    = "upsert"
-  table = "customer_totals"
-  key   = { customer_id = "data.customer_id" }
-  inc   = { events = "1", total = "data.amount" }
-  set   = { last_type = "type" }
-`,
+		rules: []rule{
+			{name: "total", op: "upsert", table: "customer_totals", key: `customer_id = "data.customer_id"`, set: `last_type = "type"`, inc: `events = "1", total = "data.amount"`},
+		},
 		ddl: `CREATE TABLE IF NOT EXISTS customer_totals (
 	customer_id text   PRIMARY KEY,
 	events      bigint NOT NULL,
@@ -54,14 +48,9 @@ func customersProjection() coreProjection {
 func typeCountsProjection() coreProjection {
 	return coreProjection{
 		name: "type_counts", version: 1,
-		rules: `
-  [[projection.rule]]
-  name  = "count"
-  op    = "upsert"
-  table = "type_counts"
-  key   = { type = "type" }
-  inc   = { n = "1", amount = "data.amount" }
-`,
+		rules: []rule{
+			{name: "count", op: "upsert", table: "type_counts", key: `type = "type"`, inc: `n = "1", amount = "data.amount"`},
+		},
 		ddl: `CREATE TABLE IF NOT EXISTS type_counts (
 	type   text   PRIMARY KEY,
 	n      bigint NOT NULL,
@@ -129,54 +118,23 @@ func TestSharedRowsWithoutDeadlocks(t *testing.T) {
 	r.waitCaughtUp(3 * time.Minute)
 	r.verify()
 
-	log := s.log.String()
-	if n := strings.Count(log, "40P01"); n != 0 {
-		t.Errorf("%d deadlock (40P01) retries; the log's retries:\n%s", n, grepLines(log, "retrying"))
+	if n := s.logText("40P01"); n != 0 {
+		t.Errorf("%d deadlock (40P01) retries; the log's last lines:\n%s", n, s.tail(40))
 	}
-	t.Logf("%d events, %d transient retries of any kind", r.eventCount(ctx), strings.Count(log, "retrying batch"))
+	t.Logf("%d events, %d transient retries of any kind", r.eventCount(ctx), s.logText("retrying batch"))
 }
 
 // membersProjection has key-only writes and writes that can miss.
 func membersProjection() coreProjection {
 	return coreProjection{
 		name: "members", version: 1,
-		rules: `
-  [[projection.rule]]
-  name  = "open"
-  on    = "AccountOpened"
-  op    = "insert"
-  table = "open_accounts"
-  key   = { account_id = "stream_id" }
-
-  [[projection.rule]]
-  name  = "seen"
-  op    = "upsert"
-  table = "seen_accounts"
-  key   = { account_id = "stream_id" }
-
-  [[projection.rule]]
-  name  = "deposit"
-  on    = "Deposited"
-  op    = "update"
-  table = "open_accounts"
-  key   = { account_id = "stream_id" }
-  inc   = { deposits = "1" }
-
-  [[projection.rule]]
-  name       = "close"
-  on         = "AccountClosed"
-  op         = "delete"
-  table      = "open_accounts"
-  key        = { account_id = "stream_id" }
-  if_missing = "dead_letter"
-
-  [[projection.rule]]
-  name  = "close_log"
-  on    = "AccountClosed"
-  op    = "insert"
-  table = "close_log"
-  set   = { event_id = "id", account_id = "stream_id" }
-`,
+		rules: []rule{
+			{name: "open", on: "AccountOpened", op: "insert", table: "open_accounts", key: `account_id = "stream_id"`},
+			{name: "seen", op: "upsert", table: "seen_accounts", key: `account_id = "stream_id"`},
+			{name: "deposit", on: "Deposited", op: "update", table: "open_accounts", key: `account_id = "stream_id"`, inc: `deposits = "1"`},
+			{name: "close", on: "AccountClosed", op: "delete", table: "open_accounts", key: `account_id = "stream_id"`, ifMissing: "dead_letter"},
+			{name: "close_log", on: "AccountClosed", op: "insert", table: "close_log", set: `event_id = "id", account_id = "stream_id"`},
+		},
 		ddl: `CREATE TABLE IF NOT EXISTS open_accounts (account_id text PRIMARY KEY, deposits bigint NOT NULL DEFAULT 0);
 CREATE TABLE IF NOT EXISTS seen_accounts (account_id text PRIMARY KEY);
 CREATE TABLE IF NOT EXISTS close_log (event_id uuid PRIMARY KEY, account_id text NOT NULL)`,
@@ -259,9 +217,9 @@ func TestKeyOnlyWritesAndMissingRows(t *testing.T) {
 		t.Errorf("dead letters: %q, want missing:close with a readable reason", kinds)
 	}
 
-	addr := regexp.MustCompile(`msg="metrics listening" addr=(\S+)`).FindStringSubmatch(s.log.String())
+	addr := regexp.MustCompile(`msg="metrics listening" addr=(\S+)`).FindStringSubmatch(s.tail(1 << 20))
 	if addr == nil {
-		t.Fatalf("no metrics address in the log:\n%s", s.log.String())
+		t.Fatalf("no metrics address in the log:\n%s", s.tail(40))
 	}
 	// Two rounds (backfill and live) of 5 early deposits and 7 closes.
 	for rule, want := range map[string]float64{"deposit": 10, "close": 14, "open": 0} {
@@ -285,33 +243,21 @@ func scrapeCounter(t *testing.T, addr, projection, name string, labels ...string
 	if err != nil {
 		t.Fatal(err)
 	}
-	v, _ := mtScrape(fams).value(name, append([]string{"projection", projection}, labels...)...)
-	return v
-}
-
-// grepLines returns the lines of s containing sub.
-func grepLines(s, sub string) string {
-	var out []string
-	for _, l := range strings.Split(s, "\n") {
-		if strings.Contains(l, sub) {
-			out = append(out, l)
-		}
+	want := map[string]string{"projection": projection}
+	for i := 0; i+1 < len(labels); i += 2 {
+		want[labels[i]] = labels[i+1]
 	}
-	return strings.Join(out, "\n")
+	v, _ := scrape(fams).value(name, want)
+	return v
 }
 
 // TestMigrateIgnoresRules: migrate needs no rules, so a rule that does not
 // validate does not stop it; run still refuses it, naming the rule.
 func TestMigrateIgnoresRules(t *testing.T) {
 	requireServer(t)
-	broken := coreProjection{name: "broken", version: 1, rules: `
-  [[projection.rule]]
-  name  = "open-index"
-  op    = "insert"
-  table = "t"
-  key   = { id = "id" }
-  set   = { id = "id" }
-`}
+	broken := coreProjection{name: "broken", version: 1, rules: []rule{
+		{name: "open-index", op: "insert", table: "t", key: `id = "id"`, set: `id = "id"`},
+	}}
 	r := newRig(t, []coreProjection{broken}, nil) // newRig migrates
 	out, err := exec.Command(pgscribeBinary(t), "run", "-config", r.config).CombinedOutput()
 	if err == nil || !strings.Contains(string(out), `projection "broken" v1, rule "open-index": set.id: column "id" is already in key`) {
