@@ -10,7 +10,6 @@ package integration
 
 import (
 	"fmt"
-	"os"
 	"strings"
 	"testing"
 	"time"
@@ -290,7 +289,7 @@ func runSourceShape(t *testing.T, sh sourceShape) {
 		e.exec(fmt.Sprintf(`INSERT INTO %s SELECT %s FROM generate_series($1::int, $2::int) s, generate_series($3::int, $4::int) k ORDER BY s, k`,
 			sh.insertInto, sh.values), s1, s2, k1, k2)
 	}
-	check := func(step string, p *cliEngine) {
+	check := func(step string, p *node) {
 		t.Helper()
 		waitFor(t, 2*time.Minute, step+": every event accounted for", func() bool {
 			p.requireRunning()
@@ -327,7 +326,7 @@ SELECT 'got', g::text FROM (SELECT * FROM got EXCEPT SELECT * FROM want) g ORDER
 			t.Errorf("%s: empty read model", step)
 		}
 		// The lag probe reads the position column too.
-		if b, _ := os.ReadFile(p.log); strings.Contains(string(b), "lag probe failed") {
+		if p.logText("lag probe failed") > 0 {
 			t.Errorf("%s: the lag probe failed on this table", step)
 		}
 	}
@@ -350,7 +349,7 @@ SELECT 'got', g::text FROM (SELECT * FROM got EXCEPT SELECT * FROM want) g ORDER
 	// Restart: events appended while stopped, then live again.
 	p.stop()
 	appendEvents(1, 9, 20, 22)
-	p = e.start(cfg)
+	p.start()
 	check("after restart", p)
 	appendEvents(10, 11, 0, 3)
 	check("live after restart", p)
@@ -384,8 +383,7 @@ func TestSourceTypeUnreadable(t *testing.T) {
 	p := e.start(cfg)
 	waitFor(t, time.Minute, "run to halt on the column type", func() bool {
 		p.requireRunning()
-		b, _ := os.ReadFile(p.log)
-		return strings.Contains(string(b), "projection halted") && strings.Contains(string(b), "bytea")
+		return p.logText("projection halted") > 0 && p.logText("bytea") > 0
 	})
 	if n := e.queryInt(`SELECT count(*) FROM pg_replication_slots WHERE slot_name LIKE $1`, e.prefix+"%"); n != 0 {
 		t.Errorf("a halted start created %d slots", n)
@@ -414,8 +412,7 @@ func TestSourceForeignRelation(t *testing.T) {
 	e.exec(`INSERT INTO other VALUES (1)`)
 	waitFor(t, time.Minute, "run to halt on the other table's insert", func() bool {
 		p.requireRunning()
-		b, _ := os.ReadFile(p.log)
-		return strings.Contains(string(b), "projection halted") && strings.Contains(string(b), "public.other")
+		return p.logText("projection halted") > 0 && p.logText("public.other") > 0
 	})
 	p.stop()
 
@@ -426,7 +423,7 @@ func TestSourceForeignRelation(t *testing.T) {
 	e.exec(`ALTER PUBLICATION pgscribe_events DROP TABLE other`)
 	e.exec(`SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name LIKE $1`, e.prefix+"%")
 	e.mustRun(0, "check", "-config", cfg)
-	p = e.start(cfg)
+	p.start()
 	e.exec(`INSERT INTO events (stream_id, stream_position, type, data) VALUES ('s', 3, 'Deposited', '{"amount": 4}')`)
 	waitFor(t, time.Minute, "the events after the resync", func() bool {
 		p.requireRunning()
