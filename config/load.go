@@ -316,22 +316,32 @@ func (d *decoder) source(t *table, s *Source) {
 		"may contain only lower-case letters, digits and underscores (it starts replication slot names)")
 
 	ct := t.sub("columns")
+	// id, metadata and occurred_at may be "": the events table has no such
+	// column (an event then has an empty id, no metadata, no time).
 	cols := []struct {
-		key string
-		dst *string
+		key      string
+		dst      *string
+		optional bool
 	}{
-		{"position", &s.Columns.Position},
-		{"id", &s.Columns.ID},
-		{"stream_id", &s.Columns.StreamID},
-		{"stream_position", &s.Columns.StreamPosition},
-		{"type", &s.Columns.Type},
-		{"data", &s.Columns.Data},
-		{"metadata", &s.Columns.Metadata},
-		{"occurred_at", &s.Columns.OccurredAt},
+		{"position", &s.Columns.Position, false},
+		{"id", &s.Columns.ID, true},
+		{"stream_id", &s.Columns.StreamID, false},
+		{"stream_position", &s.Columns.StreamPosition, false},
+		{"type", &s.Columns.Type, false},
+		{"data", &s.Columns.Data, false},
+		{"metadata", &s.Columns.Metadata, true},
+		{"occurred_at", &s.Columns.OccurredAt, true},
 	}
 	mappedBy := map[string]string{}
 	for _, col := range cols {
-		ct.name(col.key, col.dst)
+		if col.optional {
+			ct.str(col.key, col.dst)
+		} else {
+			ct.name(col.key, col.dst)
+		}
+		if *col.dst == "" {
+			continue
+		}
 		if other, dup := mappedBy[*col.dst]; dup {
 			d.fail(ct.path.key(col.key), "column %q is already mapped by %s", *col.dst, other)
 		}

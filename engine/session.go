@@ -2,6 +2,7 @@ package engine
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"sync/atomic"
@@ -57,6 +58,10 @@ func (s *session) run(ctx context.Context) error {
 	}
 	defer s.pool.Close()
 	defer s.srcConn.Close(context.WithoutCancel(ctx))
+	// A column pgscribe cannot read halts now, not at the first event.
+	if err := replication.CheckTable(ctx, s.srcConn, s.src); err != nil {
+		return sourceHalt(err)
+	}
 	confirmed, err := s.plan(ctx)
 	if err != nil {
 		return err
@@ -115,6 +120,16 @@ func (s *session) run(ctx context.Context) error {
 	}
 	if ctx.Err() != nil {
 		return nil
+	}
+	return sourceHalt(err)
+}
+
+// sourceHalt makes a source error that no retry can get past a halt: an
+// events table pgscribe cannot read, or an insert into a relation it
+// cannot map to the events table.
+func sourceHalt(err error) error {
+	if errors.Is(err, replication.ErrUnreadable) || errors.Is(err, replication.ErrForeignRelation) {
+		return &apply.HaltError{Reason: "source events table", Err: err}
 	}
 	return err
 }
