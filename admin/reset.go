@@ -236,8 +236,12 @@ func (p *resetPlan) text(done, deadLetters bool) string {
 		line("  no replication slot %q to drop", p.slot)
 	}
 	t := p.cursors
-	line("  %s %d stream cursors (%d events accounted for: %d applied, %d skipped, %d dead-lettered)",
-		tense("delete", "deleted"), t.Streams, t.Applied+t.Skipped+t.DeadLettered, t.Applied, t.Skipped, t.DeadLettered)
+	adopted := ""
+	if t.Adopted > 0 {
+		adopted = fmt.Sprintf(", %d adopted", t.Adopted)
+	}
+	line("  %s %d stream cursors (%d events accounted for: %d applied, %d skipped, %d dead-lettered%s)",
+		tense("delete", "deleted"), t.Streams, t.Accounted(), t.Applied, t.Skipped, t.DeadLettered, adopted)
 	if wm := p.watermark; wm != nil {
 		line("  %s the watermark (phase %s, lsn %s)", tense("delete", "deleted"), wm.Phase, wm.LSN)
 	}

@@ -99,6 +99,9 @@ type ProjectionStatus struct {
 	// the events table minus applied, skipped and dead-lettered events of the
 	// version's cursors (never below 0).
 	BacklogEvents int64 `json:"backlog_events"`
+	// AdoptedEvents is how many events the version adopted on its first
+	// start (start_after_position) instead of applying them.
+	AdoptedEvents int64 `json:"adopted_events"`
 	// WALRetainedBytes is the WAL the slot keeps on the source: its WAL
 	// position minus the slot's restart LSN.
 	WALRetainedBytes *int64          `json:"wal_retained_bytes"`
@@ -318,7 +321,8 @@ func Status(ctx context.Context, cfg *config.Config) (*StatusReport, error) {
 			ps.Watermark = w
 		}
 		ps.DeadLetters = dl.Total
-		ps.BacklogEvents = max(rep.Events-(totals.Applied+totals.Skipped+totals.DeadLettered), 0)
+		ps.BacklogEvents = max(rep.Events-totals.Accounted(), 0)
+		ps.AdoptedEvents = totals.Adopted
 		ps.LagSeconds = lagSeconds(ps.State, ps.BacklogEvents, wm.CommitTime, rep.CheckedAt)
 		if ps.State == engine.StateBackfilling {
 			var started time.Time
