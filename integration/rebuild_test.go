@@ -5,12 +5,11 @@ package integration
 // transaction while readers keep querying, retire removes the old one, and
 // start_after_position adopts a replaced projector's work.
 //
-// Helpers of the package used here: newDatabase, pgscribeBinary, waitFor
-// and srv (Restart, CanRestart). Everything else is in this file, prefixed
+// Helpers of the package used here: newDatabase, pgscribeBinary, waitFor,
+// scribeLog and srv (Restart, CanRestart). Everything else is in this file, prefixed
 // rb.
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -111,8 +110,12 @@ func newRB(t *testing.T) *rbEnv {
 		e.mu.Lock()
 		procs := e.procs
 		e.mu.Unlock()
-		for _, p := range procs {
+		for i, p := range procs {
 			p.kill()
+			if t.Failed() {
+				out := p.out.String()
+				t.Logf("pgscribe #%d %v, last output:\n%s", i+1, p.cmd.Args[1:], out[max(len(out)-4000, 0):])
+			}
 		}
 		pool.Close()
 	})
@@ -193,27 +196,14 @@ func (e *rbEnv) mustCLI(args ...string) string {
 // rbProc is a running pgscribe process.
 type rbProc struct {
 	cmd    *exec.Cmd
-	mu     sync.Mutex
-	out    bytes.Buffer
+	out    scribeLog
 	exited chan struct{}
-}
-
-func (p *rbProc) Write(b []byte) (int, error) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return p.out.Write(b)
-}
-
-func (p *rbProc) output() string {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return p.out.String()
 }
 
 func (e *rbEnv) start(args ...string) *rbProc {
 	e.t.Helper()
 	p := &rbProc{cmd: exec.Command(pgscribeBinary(e.t), args...), exited: make(chan struct{})}
-	p.cmd.Stdout, p.cmd.Stderr = p, p
+	p.cmd.Stdout, p.cmd.Stderr = &p.out, &p.out
 	if err := p.cmd.Start(); err != nil {
 		e.t.Fatalf("start pgscribe: %v", err)
 	}
