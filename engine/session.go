@@ -342,9 +342,9 @@ func (s *session) backfill(ctx context.Context, replConn *pgconn.PgConn, sink *l
 // skip what was adopted.
 //
 // Events at or below N that commit after the snapshot was taken (positions
-// are not commit-ordered) are not in it, have no cursor covering them
-// unless their stream has a later event at or below N, and so are applied
-// when they stream in.
+// are not commit-ordered) are not in it and no cursor covers them (no later
+// event of their stream can have committed before them), so they are
+// applied when they stream in.
 func (s *session) adoptHeads(ctx context.Context, snap *replication.Snapshot) error {
 	n := s.spec.StartAfterPosition
 	var events, streams int64
