@@ -113,6 +113,15 @@ func parse(fsys fs.FS) ([]migration, error) {
 	return ms, nil
 }
 
+// Versions lists the engine schema versions this binary knows, in order.
+func Versions() []int {
+	vs := make([]int, len(all))
+	for i, m := range all {
+		vs[i] = m.version
+	}
+	return vs
+}
+
 // Latest is the newest engine schema version this binary knows.
 func Latest() int {
 	if len(all) == 0 {
