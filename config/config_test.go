@@ -782,8 +782,8 @@ func TestLoadSettingsSkipsRules(t *testing.T) {
 	if err != nil {
 		t.Fatalf("LoadSettings: %v", err)
 	}
-	if c.Engine.Schema != "eng" || len(c.Projections) != 0 {
-		t.Errorf("got schema %q and %d projections", c.Engine.Schema, len(c.Projections))
+	if c.Engine.Schema != "eng" || len(c.Projections) != 1 || len(c.Projections[0].Rules) != 0 {
+		t.Errorf("got schema %q and projections %+v", c.Engine.Schema, c.Projections)
 	}
 	if _, err := LoadSettings(writeConfig(t, "[engine]\nbatch_size = \"x\"\n"+bad)); err == nil {
 		t.Error("LoadSettings accepted a bad engine setting")

@@ -29,10 +29,11 @@ import (
 // run offline; commands that connect call RequireDatabase.
 func Load(path string) (*Config, error) { return loadFile(path, true) }
 
-// LoadSettings is Load without [[projection]]: it reads and validates
-// every other table and leaves Projections empty, so that a command that
-// needs no rules (migrate) is not refused for a rule's mistake. Unknown
-// top-level keys are still errors.
+// LoadSettings is Load without the rules: it reads and validates every
+// table, and of each [[projection]] its identity and deployment keys
+// (name, version, schema, serve, ddl, start_after_position), leaving Rules
+// empty, so that a command that needs no rules (migrate) is not refused for
+// a rule's mistake. Unknown keys are still errors.
 func LoadSettings(path string) (*Config, error) { return loadFile(path, false) }
 
 func loadFile(path string, withRules bool) (*Config, error) {
@@ -71,11 +72,7 @@ func load(file, src string, withRules bool) (*Config, error) {
 	d.retry(root.sub("retry"), &c.Retry)
 	d.metrics(root.sub("metrics"), &c.Metrics)
 	d.log(root.sub("log"), &c.Log)
-	if withRules {
-		c.Projections = d.projections(root, c.Source.SlotPrefix)
-	} else {
-		root.get("projection") // known, not read
-	}
+	c.Projections = d.projections(root, c.Source.SlotPrefix, withRules)
 	root.done()
 
 	if len(d.errs) > 0 {

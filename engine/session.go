@@ -37,6 +37,7 @@ type session struct {
 	retry sqlstate.Policy // [retry]: of batches and of the session's fenced writes
 
 	rebuild     bool        // backfill from a new snapshot before streaming
+	adopt       bool        // first start with start_after_position: adopt before the backfill
 	backfilling atomic.Bool // until the backfill's last event committed
 	ledger      *ledger
 	parts       *apply.Partitions
@@ -193,6 +194,10 @@ func (s *session) plan(ctx context.Context) (event.LSN, error) {
 	resync := s.Projection.resync
 	s.Projection.resync = "" // one resync per decision; an interrupted one resumes as a backfill
 	s.rebuild = resync != "" || !slot.Exists || slot.Lost() || !haveWM || wm.Phase != "live" || wm.SlotName != s.slot
+	// Adoption is for a first start only: once any cursor exists, the
+	// cursors are the record of what is accounted for, and adopting again
+	// would count events twice.
+	s.adopt = s.rebuild && !hasCursors && s.spec.StartAfterPosition > 0
 	switch {
 	case resync != "":
 		s.log.Warn("resyncing from a new snapshot as for a lost slot, per-stream cursors skip what was applied: "+resync, "slot", s.slot)
@@ -291,6 +296,11 @@ func (s *session) backfill(ctx context.Context, replConn *pgconn.PgConn, sink *l
 		s.log.Warn("commit time of the snapshot's newest events unknown", "err", err)
 	}
 	s.log.Info("backfill started", "slot", s.slot, "consistent_lsn", consistent.String(), "events", snap.Total)
+	if s.adopt {
+		if err := s.adoptHeads(ctx, snap); err != nil {
+			return err
+		}
+	}
 	if err := s.fenced(ctx, func(tx pgx.Tx) error {
 		return s.store.SaveWatermark(ctx, tx, cursor.Watermark{SlotName: s.slot, LSN: consistent, Phase: "backfilling",
 			BackfillTotal: snap.Total})
@@ -344,6 +354,44 @@ func (s *session) backfill(ctx context.Context, replConn *pgconn.PgConn, sink *l
 		"events_per_second", int64(float64(done)/max(el.Seconds(), 1e-9)))
 	return nil
 }
+
+// adoptHeads seeds the cursors of a first start with start_after_position
+// = N: under the slot's snapshot, each stream's last event at or below N
+// becomes its cursor, and its events at or below N count as adopted. All
+// streams commit in one fenced transaction, so a crash leaves all or none
+// (and a restart with none adopts again, from its own snapshot). The
+// backfill that follows reads the snapshot as always; the cursors make it
+// skip what was adopted.
+//
+// Events at or below N that commit after the snapshot was taken (positions
+// are not commit-ordered) are not in it and no cursor covers them (no later
+// event of their stream can have committed before them), so they are
+// applied when they stream in.
+func (s *session) adoptHeads(ctx context.Context, snap *replication.Snapshot) error {
+	n := s.spec.StartAfterPosition
+	var events, streams int64
+	err := s.fenced(ctx, func(tx pgx.Tx) error {
+		events, streams = 0, 0
+		return snap.Heads(ctx, n, adoptPage, func(hs []replication.Head) error {
+			heads := make([]cursor.Head, len(hs))
+			for i, h := range hs {
+				heads[i] = cursor.Head(h)
+				events += h.Events
+			}
+			streams += int64(len(hs))
+			return s.store.Adopt(ctx, tx, heads)
+		})
+	})
+	if err != nil {
+		return fmt.Errorf("adopt up to position %d: %w", n, err)
+	}
+	s.log.Info("adopted the replaced projector's work", "start_after_position", n, "streams", streams, "events", events)
+	return nil
+}
+
+// adoptPage is how many stream cursors one statement of the adoption
+// writes.
+const adoptPage = 5000
 
 // snapshotCommitTime returns the newest commit time among the last
 // snapshotCommitScan events (by position) that conn sees, zero when

@@ -263,6 +263,50 @@ func (s *Snapshot) Next(ctx context.Context, n int) ([]*event.Event, error) {
 	return out, rows.Err()
 }
 
+// Head is where one stream stands at a position (see Heads).
+type Head struct {
+	StreamID                 string
+	StreamPosition, Position int64 // its last event at or below the position
+	Events                   int64 // its events at or below the position
+}
+
+// Heads calls fn with every stream that has events at or below upTo in the
+// snapshot, in pages of at most page streams. It reads the whole table
+// below upTo in one aggregate; call it before Next, which it does not move.
+// The last event of a stream is the one with the highest stream_position:
+// positions are not commit-ordered across streams, but within a stream
+// they grow with stream_position.
+func (s *Snapshot) Heads(ctx context.Context, upTo int64, page int, fn func([]Head) error) error {
+	c := s.src.Columns
+	id := func(n string) string { return pgx.Identifier{n}.Sanitize() }
+	rows, err := s.tx.Query(ctx, fmt.Sprintf(`SELECT %s::text, max(%s)::bigint, max(%s)::bigint, count(*)
+FROM %s WHERE %s <= $1 GROUP BY 1`, id(c.StreamID), id(c.StreamPosition), id(c.Position), s.src.tableIdent(), id(c.Position)), upTo)
+	if err != nil {
+		return fmt.Errorf("read stream heads: %w", err)
+	}
+	defer rows.Close()
+	heads := make([]Head, 0, page)
+	for rows.Next() {
+		var h Head
+		if err := rows.Scan(&h.StreamID, &h.StreamPosition, &h.Position, &h.Events); err != nil {
+			return fmt.Errorf("read stream heads: %w", err)
+		}
+		if heads = append(heads, h); len(heads) == page {
+			if err := fn(heads); err != nil {
+				return err
+			}
+			heads = heads[:0]
+		}
+	}
+	if err := rows.Err(); err != nil {
+		return fmt.Errorf("read stream heads: %w", err)
+	}
+	if len(heads) > 0 {
+		return fn(heads)
+	}
+	return nil
+}
+
 // Close ends the snapshot transaction.
 func (s *Snapshot) Close(ctx context.Context) error {
 	return s.tx.Rollback(context.WithoutCancel(ctx))
