@@ -46,6 +46,9 @@ type Observer interface {
 	Outcomes(applied, skipped, deadLettered int)
 	DeadLettered(kind string)
 	Gap()
+	// Isolation counts the segment attempts (savepoint round trips) one
+	// isolated pass made to find a batch's offending events.
+	Isolation(attempts int)
 }
 
 // Input is one event handed to a partition, with the opaque token of the
@@ -538,20 +541,8 @@ func (c *Committer) applyPipelined(ctx context.Context, tx dbtx, pl *pipeline, p
 			intents = append(intents, &plan[i].intents[j])
 		}
 	}
-	if layers, ok := planGroups(intents); ok {
-		for _, layer := range layers {
-			for _, g := range layer {
-				if err := c.queueGroup(ctx, tx, pl, g); err != nil {
-					return err
-				}
-			}
-		}
-	} else {
-		for _, in := range intents {
-			if err := c.queueIntent(ctx, tx, pl, in); err != nil {
-				return err
-			}
-		}
+	if err := c.queueWrites(ctx, tx, pl, intents); err != nil {
+		return err
 	}
 	if err := book(&queuer{pl: pl, table: c.opts.Schema + " engine tables"}); err != nil {
 		return err
@@ -560,6 +551,27 @@ func (c *Committer) applyPipelined(ctx context.Context, tx dbtx, pl *pipeline, p
 		return committed(br.Exec())
 	})
 	return pl.send(ctx, tx)
+}
+
+// queueWrites queues intents as multi-row statements where that is exact
+// (see planGroups), else one statement per intent in order.
+func (c *Committer) queueWrites(ctx context.Context, tx dbtx, pl *pipeline, intents []*event.Intent) error {
+	if layers, ok := planGroups(intents); ok {
+		for _, layer := range layers {
+			for _, g := range layer {
+				if err := c.queueGroup(ctx, tx, pl, g); err != nil {
+					return err
+				}
+			}
+		}
+		return nil
+	}
+	for _, in := range intents {
+		if err := c.queueIntent(ctx, tx, pl, in); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // pipeline is statements sent in one round trip, each with how its result
@@ -647,70 +659,4 @@ func (c *Committer) queueIntent(ctx context.Context, tx dbtx, pl *pipeline, in *
 		return nil
 	}
 	return c.queueGroup(ctx, tx, pl, &group{shape: shapeOf(in), first: in, rows: []*event.Intent{in}})
-}
-
-// execIntent runs one intent now (the isolation path).
-func (c *Committer) execIntent(ctx context.Context, tx dbtx, in *event.Intent) error {
-	pl := &pipeline{}
-	if err := c.queueIntent(ctx, tx, pl, in); err != nil {
-		return err
-	}
-	return pl.send(ctx, tx)
-}
-
-// applyIsolated applies event by event, each under a savepoint, and turns
-// an integrity failure into a dead letter for exactly that event. Events of
-// the same stream after it still apply, in order. It returns how many
-// events applied and how many failed an integrity check.
-func (c *Committer) applyIsolated(ctx context.Context, tx dbtx, plan []planned, circ *circuit) (applied, failedN int, err error) {
-	for i := range plan {
-		p := &plan[i]
-		if p.out != outApply {
-			continue
-		}
-		if _, err := tx.Exec(ctx, "SAVEPOINT pgscribe_event"); err != nil {
-			return applied, failedN, err
-		}
-		var failed error
-		for j := range p.intents {
-			if err := c.execIntent(ctx, tx, &p.intents[j]); err != nil {
-				var halt *HaltError
-				if errors.As(err, &halt) {
-					return applied, failedN, err
-				}
-				failed = fmt.Errorf("rule %s: %w", p.intents[j].Rule, err)
-				break
-			}
-		}
-		if failed == nil {
-			if _, err := tx.Exec(ctx, "RELEASE SAVEPOINT pgscribe_event"); err != nil {
-				return applied, failedN, err
-			}
-			circ.state, circ.count = "", 0
-			applied++
-			continue
-		}
-		if Classify(failed) != ClassIntegrity {
-			return applied, failedN, failed
-		}
-		if _, err := tx.Exec(ctx, "ROLLBACK TO SAVEPOINT pgscribe_event"); err != nil {
-			return applied, failedN, err
-		}
-		failedN++
-		state := SQLState(failed)
-		if circ.state == state {
-			circ.count++
-		} else {
-			circ.state, circ.count = state, 1
-		}
-		if circ.count >= c.opts.CircuitThreshold {
-			return applied, failedN, c.halt(fmt.Sprintf("circuit open: %d consecutive events failed with the same integrity error (schema mismatch?)", circ.count), failed)
-		}
-		p.out = outDead
-		p.kind = "commit:" + Describe(failed)
-		p.message = failed.Error()
-		p.sqlstate = state
-		p.intents = nil
-	}
-	return applied, failedN, nil
 }
