@@ -116,6 +116,7 @@ type Committer struct {
 	cursors *cursor.Store
 	stmts   *statements
 	cat     *catalog
+	limits  *limits
 	obs     Observer
 	log     *slog.Logger
 }
@@ -139,6 +140,7 @@ func NewCommitter(pool *pgxpool.Pool, opts Options, eval Evaluator, fence Fence,
 		cursors: cursor.New(opts.Schema, opts.Projection, opts.Version),
 		stmts:   newStatements(),
 		cat:     newCatalog(),
+		limits:  newLimits(),
 	}
 }
 
@@ -165,6 +167,7 @@ type planned struct {
 	kind     string // dead-letter error_kind
 	message  string
 	sqlstate string // integrity failure that dead-lettered it
+	failure  error  // that failure
 }
 
 // circuit tracks consecutive same-SQLSTATE integrity failures of one
@@ -178,6 +181,7 @@ type circuit struct {
 type partition struct {
 	circ    circuit
 	cursors cursorCache
+	suspect bool // the last commit returned errSuspect
 }
 
 // errSuspect: an isolated attempt applied none of the batch's events, and
@@ -223,11 +227,15 @@ func (c *Committer) commit(ctx context.Context, batch []Input, part *partition, 
 		}
 	}
 
-	isolate := false
+	// A batch grown after errSuspect holds the events that failed: its
+	// pipelined attempt would fail again, so it starts isolated.
+	isolate := part.suspect
+	part.suspect = false
 	backoff := c.opts.Backoff
 	for attempt := 1; ; attempt++ {
 		res, err := c.attempt(ctx, evals, isolate, final, part)
 		if errors.Is(err, errSuspect) {
+			part.suspect = true
 			return Result{}, err
 		}
 		if err == nil {
@@ -419,14 +427,28 @@ func (c *Committer) attempt(ctx context.Context, evals []planned, isolate, final
 	// The circuit is updated on a copy and kept only if this attempt commits,
 	// so a retried attempt does not count the same failures twice.
 	circLocal := part.circ
+	if err := c.precheck(ctx, conn.Conn().PgConn(), conn, plan); err != nil {
+		return Result{}, err
+	}
 	if isolate {
-		applied, failed, err := c.applyIsolated(ctx, conn, plan, &circLocal)
-		if err != nil {
+		if err := c.applyIsolated(ctx, conn, plan, circLocal); err != nil {
 			return Result{}, err
 		}
-		if applied == 0 && failed > 0 && !final && !c.opts.HaltOnError {
-			return Result{}, errSuspect
+	}
+	if err := c.walkCircuit(plan, &circLocal); err != nil {
+		return Result{}, err
+	}
+	applied, failed := 0, 0
+	for i := range plan {
+		switch {
+		case plan[i].out == outApply:
+			applied++
+		case plan[i].out == outDead && plan[i].sqlstate != "":
+			failed++
 		}
+	}
+	if applied == 0 && failed > 0 && !final && !c.opts.HaltOnError {
+		return Result{}, errSuspect
 	}
 
 	// Outcomes are final here: isolation has run, and a pipelined write
@@ -487,7 +509,6 @@ func (c *Committer) attempt(ctx context.Context, evals []planned, isolate, final
 		if err := c.applyPipelined(ctx, conn, pl, plan, book); err != nil {
 			return Result{}, err
 		}
-		circLocal = circuit{}
 	}
 	part.circ = circLocal
 	part.cursors.put(curs)

@@ -33,7 +33,9 @@ type isolation struct {
 	c    *Committer
 	tx   dbtx
 	plan []planned
-	circ *circuit
+	// circ counts consecutive failures to stop early on a schema
+	// mismatch; the batch's circuit is counted afterwards (walkCircuit).
+	circ circuit
 	// open: the savepoint is established and nothing ran since (a failed
 	// attempt rolled back to it), so the next attempt reuses it.
 	open bool
@@ -45,9 +47,9 @@ type isolation struct {
 
 // applyIsolated finds the events of plan whose writes fail an integrity
 // check and marks them dead-lettered (kind commit:<SQLSTATE> (<name>));
-// the writes of every other event are applied in tx. It updates the
-// circuit in event order and halts when it trips.
-func (c *Committer) applyIsolated(ctx context.Context, tx dbtx, plan []planned, circ *circuit) (applied, failed int, err error) {
+// the writes of every other event are applied in tx. It halts early when
+// the failures alone trip circ (a copy of the partition's circuit).
+func (c *Committer) applyIsolated(ctx context.Context, tx dbtx, plan []planned, circ circuit) error {
 	var seg []int
 	for i := range plan {
 		if plan[i].out == outApply {
@@ -55,9 +57,10 @@ func (c *Committer) applyIsolated(ctx context.Context, tx dbtx, plan []planned, 
 		}
 	}
 	s := &isolation{c: c, tx: tx, plan: plan, circ: circ}
-	_, err = s.run(ctx, seg, false)
+	_, err := s.run(ctx, seg, false)
 	c.obs.Isolation(s.attempts)
-	return s.applied, s.failed, err
+	c.log.Info("isolated batch", "events", len(plan), "attempts", s.attempts, "applied", s.applied, "failed", s.failed)
+	return err
 }
 
 // run applies the events seg (indexes into plan, in order) and reports
@@ -166,11 +169,6 @@ func (s *isolation) dead(i int, failure error) error {
 	if s.circ.count >= s.c.opts.CircuitThreshold {
 		return s.c.halt(fmt.Sprintf("circuit open: %d consecutive events failed with the same integrity error (schema mismatch?)", s.circ.count), failure)
 	}
-	p := &s.plan[i]
-	p.out = outDead
-	p.kind = "commit:" + Describe(failure)
-	p.message = failure.Error()
-	p.sqlstate = state
-	p.intents = nil
+	s.c.markFailed(&s.plan[i], failure)
 	return nil
 }

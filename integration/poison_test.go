@@ -13,11 +13,10 @@ import (
 	"time"
 )
 
-const poisonKind = "commit:22001 (string_data_right_truncation)"
-
 // poisonNames is a projection that also inserts each Named event's name into
-// a varchar(8) column: a longer name fails at commit with 22001.
-func poisonNames(name string) (faultProjection, string) {
+// a column of <name>_names of type column: a name longer than 8 characters
+// is poison (varchar(8) or a CHECK of the length).
+func poisonNames(name, column string) (faultProjection, string) {
 	return faultProjection{name: name, types: []string{"Named"}, extra: fmt.Sprintf(`
   [[projection.rule]]
   name  = "name"
@@ -25,43 +24,54 @@ func poisonNames(name string) (faultProjection, string) {
   op    = "insert"
   table = "%[1]s_names"
   set   = { event_id = "id", name = "data.name" }
-`, name)}, fmt.Sprintf(`CREATE TABLE %s_names (event_id uuid PRIMARY KEY, name varchar(8) NOT NULL)`, name)
+`, name)}, fmt.Sprintf(`CREATE TABLE %s_names (event_id uuid PRIMARY KEY, name %s NOT NULL)`, name, column)
 }
 
-// named is a Named event carrying v and a name; a long name is poison.
-func named(v int64, long bool) faultEvent {
+// named is a Named event carrying v and a name; a long name is poison
+// that dead-letters as kind.
+func named(v int64, kind string) faultEvent {
 	x := faultEvent{typ: "Named", data: map[string]any{"v": v, "name": fmt.Sprintf("n%d", v)}}
-	if long {
+	if kind != "" {
 		x.data["name"] = strings.Repeat("x", 9) + fmt.Sprint(v)
-		x.expect = poisonKind
+		x.expect = kind
 	}
 	return x
 }
 
 // namedRange is the Named events v = from … to-1, round-robin over streams
-// <prefix>-0 …; those for which bad says so are poison.
-func namedRange(prefix string, streams, from, to int, bad func(int) bool) []faultEvent {
+// <prefix>-0 …; those for which bad says so are poison of that kind.
+func namedRange(prefix string, streams, from, to int, kind string, bad func(int) bool) []faultEvent {
 	out := make([]faultEvent, 0, to-from)
 	for i := from; i < to; i++ {
-		x := named(int64(i), bad != nil && bad(i))
+		k := ""
+		if bad != nil && bad(i) {
+			k = kind
+		}
+		x := named(int64(i), k)
 		x.stream = fmt.Sprintf("%s-%d", prefix, i%streams)
 		out = append(out, x)
 	}
 	return out
 }
 
-// TestPoisonBisection: k = 6 poison events among n = 2,400 in the backfill
-// (batches of 400) and 2 more live. Everything else applies exactly once, in
+const (
+	checkKind   = "commit:23514 (check_violation)"
+	varcharKind = "commit:22001 (string_data_right_truncation)"
+)
+
+// TestPoisonBisection: k = 6 poison events (a CHECK on the name's length,
+// which only PostgreSQL knows) among n = 2,400 in the backfill (batches of
+// 400) and 2 more live. Everything else applies exactly once, in
 // stream order; the poison is dead-lettered with its kind; and finding it
 // took a bounded number of segment attempts — far fewer than the n
 // savepoints of an event-by-event replay.
 func TestPoisonBisection(t *testing.T) {
 	t.Parallel()
-	proj, ddl := poisonNames("bisect")
+	proj, ddl := poisonNames("bisect", "text CHECK (length(name) <= 8)")
 	const streams, n = 24, 2400
 	bad := map[int]bool{17: true, 18: true, 700: true, 1203: true, 1999: true, 2398: true}
-	backlog := namedRange("b", streams, 0, n, func(i int) bool { return bad[i] })
-	live := namedRange("b", streams, n, n+48, func(i int) bool { return i == n+5 || i == n+30 })
+	backlog := namedRange("b", streams, 0, n, checkKind, func(i int) bool { return bad[i] })
+	live := namedRange("b", streams, n, n+48, checkKind, func(i int) bool { return i == n+5 || i == n+30 })
 	k := len(bad) + 2
 	e, p := startFault(t, 5, ddl, backlog, proj)
 	e.appendEvents(t, live...)
@@ -96,13 +106,13 @@ func TestPoisonBisection(t *testing.T) {
 // isolation now splits batches instead of replaying them.
 func TestPoisonCircuitVarchar(t *testing.T) {
 	t.Parallel()
-	proj, ddl := poisonNames("shrink")
-	e, p := startFault(t, 5, ddl, namedRange("s", 4, 0, 40, nil), proj)
+	proj, ddl := poisonNames("shrink", "varchar(8)")
+	e, p := startFault(t, 5, ddl, namedRange("s", 4, 0, 40, "", nil), proj)
 	before := e.accounted(t, proj.name)
 
 	// Emptied first: the existing names do not fit either.
 	e.exec(t, `TRUNCATE shrink_names; ALTER TABLE shrink_names ALTER COLUMN name TYPE varchar(1)`)
-	e.appendEvents(t, namedRange("s", 4, 40, 240, nil)...)
+	e.appendEvents(t, namedRange("s", 4, 40, 240, "", nil)...)
 	p.waitHalted(t, proj.name, "22001")
 	e.checkNoDeadLetters(t, proj.name)
 	if got := e.accounted(t, proj.name); got != before {
@@ -117,14 +127,14 @@ func TestPoisonCircuitVarchar(t *testing.T) {
 // would wait for more events (1 s) before dead-lettering a lone failure.
 func TestPoisonLiveLatency(t *testing.T) {
 	t.Parallel()
-	proj, ddl := poisonNames("latency")
-	e, p := startFault(t, 5, ddl, namedRange("l", 2, 0, 20, nil), proj)
+	proj, ddl := poisonNames("latency", "text CHECK (length(name) <= 8)")
+	e, p := startFault(t, 5, ddl, namedRange("l", 2, 0, 20, "", nil), proj)
 	var worst time.Duration
 	for r := 0; r < 5; r++ {
-		bad := named(int64(100+2*r), true)
+		bad := named(int64(100+2*r), checkKind)
 		bad.stream = "l-0"
 		e.appendEvents(t, bad)
-		good := named(int64(101+2*r), false)
+		good := named(int64(101+2*r), "")
 		good.stream = "l-0"
 		start := time.Now()
 		e.appendEvents(t, good)
@@ -136,6 +146,41 @@ func TestPoisonLiveLatency(t *testing.T) {
 		t.Errorf("a good event after a poison one took %v to apply, want well under the 1 s wait", worst)
 	}
 	proj.check(t, e)
+	e.checkAccounting(t, proj.name)
+	p.stop(t)
+}
+
+// TestPoisonPrecheck: names too long for a varchar(8) column are found from
+// the catalog before the commit: they dead-letter as
+// commit:22001 (string_data_right_truncation) without any failed
+// transaction or isolation, and the rest applies exactly. Widening the
+// column then lets the same names apply: the cached length is read again.
+func TestPoisonPrecheck(t *testing.T) {
+	t.Parallel()
+	proj, ddl := poisonNames("pre", "varchar(8)")
+	backlog := namedRange("p", 8, 0, 800, varcharKind, func(i int) bool { return i%97 == 5 })
+	e, p := startFault(t, 5, ddl, backlog, proj)
+	e.appendEvents(t, namedRange("p", 8, 800, 840, varcharKind, func(i int) bool { return i == 811 })...)
+	e.waitAccounted(t, p, proj.name, waitLong)
+	proj.check(t, e)
+	e.checkAccounting(t, proj.name)
+	for _, m := range []string{"pgscribe_isolation_attempts_total"} {
+		if got := p.metric(t, m, projLabels(proj.name)); got != 0 {
+			t.Errorf("%s = %v, want 0: the catalog tells these failures", m, got)
+		}
+	}
+	if got := p.metric(t, "pgscribe_batches_total", projLabels(proj.name, "result", "isolated")); got != 0 {
+		t.Errorf("pgscribe_batches_total{result=isolated} = %v, want 0", got)
+	}
+
+	e.exec(t, `ALTER TABLE pre_names ALTER COLUMN name TYPE varchar(40)`)
+	long := named(900, "")
+	long.stream, long.data["name"] = "p-0", strings.Repeat("y", 20)
+	e.appendEvents(t, long)
+	e.waitAccounted(t, p, proj.name, waitLong)
+	if got := e.scalar(t, `SELECT count(*) FROM pre_names WHERE name = $1`, strings.Repeat("y", 20)); got != 1 {
+		t.Errorf("a 20-character name after widening to varchar(40): %d rows, want 1", got)
+	}
 	e.checkAccounting(t, proj.name)
 	p.stop(t)
 }
