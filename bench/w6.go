@@ -20,6 +20,8 @@ import (
 
 // w6Projection is W6's projection. Until key-only inserts load, the
 // membership rule is the equivalent upsert that sets a column to its default.
+// The open rule names its key: a keyless insert into a table that the batch
+// also updates would send the batch one statement per intent.
 const w6Projection = `
 [[projection]]
 name     = "w6"
@@ -39,7 +41,8 @@ on_error = "dead_letter"
   on    = "AccountOpened"
   op    = "insert"
   table = "w6_balances"
-  set   = { account_id = "data.account_id", owner = "data.owner", balance = "data.initial", closed = "false" }
+  key   = { account_id = "data.account_id" }
+  set   = { owner = "data.owner", balance = "data.initial", closed = "false" }
 
   [[projection.rule]]
   name    = "bad_amount"
@@ -190,6 +193,9 @@ func (b *bench) w6Run(ctx context.Context, w *Workload, hist history, poison boo
 		return err
 	}
 	rows := r.rows(label)
+	if !poison {
+		w.Statements = r.statements
+	}
 	counts, err := countLog(logPath)
 	if err != nil {
 		return err
