@@ -152,13 +152,22 @@ func tooLong(in *event.Intent, lim lengths) error {
 			if !ok {
 				continue
 			}
-			v, err := textValue(col.Value)
-			if err != nil || v == nil || len(*v) <= b.n {
-				continue // rendering errors and NULLs are PostgreSQL's to report
+			var s string
+			if str, ok := col.Value.(string); ok {
+				s = str // the common case, without rendering
+			} else {
+				v, err := textValue(col.Value)
+				if err != nil || v == nil {
+					continue // rendering errors and NULLs are PostgreSQL's to report
+				}
+				s = *v
+			}
+			if len(s) <= b.n {
+				continue // no more characters than bytes
 			}
 			// PostgreSQL cuts excess trailing spaces silently; only other
 			// excess characters fail.
-			s := strings.TrimRight(*v, " ")
+			s = strings.TrimRight(s, " ")
 			if !utf8.ValidString(s) || utf8.RuneCountInString(s) <= b.n {
 				continue
 			}
