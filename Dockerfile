@@ -1,6 +1,7 @@
 # pgscribe container image: a static binary on an empty base.
 #
-#   docker build -t pgscribe --build-arg VERSION=$(git describe --always) .
+#   docker build -t pgscribe --build-arg VERSION=$(git describe --tags --always --dirty) \
+#     --build-arg COMMIT=$(git rev-parse HEAD) --build-arg COMMIT_DATE=$(git log -1 --format=%cI) .
 #   docker run --rm -e PGSCRIBE_DATABASE_URL=postgres://… \
 #     -v /etc/pgscribe/pgscribe.toml:/etc/pgscribe/pgscribe.toml:ro \
 #     -p 9187:9187 pgscribe
@@ -17,12 +18,16 @@ ARG GO_VERSION=1.26
 FROM golang:${GO_VERSION}-bookworm AS build
 WORKDIR /src
 COPY . .
+# What `pgscribe version` prints: -buildvcs=false below (the build context
+# need not be a git clone), so the commit comes from these.
 ARG VERSION=dev
+ARG COMMIT=
+ARG COMMIT_DATE=
 # CGO_ENABLED=0: a static binary that needs no libc, so it runs FROM scratch.
 # `go build` fetches only the modules the binary needs (not `go mod
 # download`, which would also fetch the test harness's Docker client).
 RUN CGO_ENABLED=0 go build -trimpath -buildvcs=false \
-	-ldflags "-s -w -X main.version=${VERSION}" -o /out/pgscribe . \
+	-ldflags "-s -w -X main.version=${VERSION} -X main.commit=${COMMIT} -X main.commitDate=${COMMIT_DATE}" -o /out/pgscribe . \
 	&& /out/pgscribe version
 
 FROM scratch

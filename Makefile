@@ -16,17 +16,31 @@ TEST_TIMEOUT ?= 25m
 # engine (the harness then uses local PostgreSQL binaries).
 PG_IMAGE_FILE := .cache/pg-image
 
-.PHONY: help build test test-unit vet pg-image demo bench clean
+.PHONY: help build test test-unit vet pg-image demo walkthrough bench clean
 
 help: ## list the targets
-	@awk 'BEGIN { FS = ":.*## " } /^[a-zA-Z_-]+:.*## / { printf "  %-10s %s\n", $$1, $$2 }' $(MAKEFILE_LIST)
+	@awk 'BEGIN { FS = ":.*## " } /^[a-zA-Z_-]+:.*## / { printf "  %-12s %s\n", $$1, $$2 }' $(MAKEFILE_LIST)
+
+# What `pgscribe version` prints (empty values fall back to the VCS
+# information the go command embeds, or "unknown").
+BUILD_VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
+BUILD_COMMIT ?= $(shell git rev-parse HEAD 2>/dev/null)
+BUILD_DATE ?= $(shell TZ=UTC git log -1 --date=format-local:%Y-%m-%dT%H:%M:%SZ --format=%cd 2>/dev/null)
+LDFLAGS := -X main.version=$(BUILD_VERSION) -X main.commit=$(BUILD_COMMIT) -X main.commitDate=$(BUILD_DATE)
 
 build: ## build bin/pgscribe
-	$(GO) build -o bin/pgscribe .
+	$(GO) build -ldflags "$(LDFLAGS)" -o bin/pgscribe .
 
-test: pg-image ## run all tests with -race, integration tests against real PostgreSQL
+# `test` pipes `go test -json` through internal/tools/testsum: per-package
+# lines as they come, the output of every failed test, every skipped test
+# with its reason, then one line "N passed, N failed, N skipped" (tests and
+# subtests each count). It fails when any test or package does.
+TESTSUM := .cache/testsum
+
+test: pg-image ## run all tests with -race, integration tests against real PostgreSQL; ends with a summary
+	$(GO) build -o $(TESTSUM) ./internal/tools/testsum
 	PGSCRIBE_TEST_PG_IMAGE="$${PGSCRIBE_TEST_PG_IMAGE:-$$(cat $(PG_IMAGE_FILE) 2>/dev/null || true)}" \
-		$(GO) test -race -count=1 -timeout $(TEST_TIMEOUT) ./...
+		$(GO) test -json -race -count=1 -timeout $(TEST_TIMEOUT) ./... | $(TESTSUM)
 
 test-unit: ## run the unit tests only (-short, no database)
 	$(GO) test -race -short -count=1 ./...
@@ -54,8 +68,18 @@ pg-image: ## make sure a PostgreSQL image for the tests exists (pull, else build
 	fi
 	@echo "pg-image: tests use image '$$(cat $(PG_IMAGE_FILE))'" | sed "s/image ''/local PostgreSQL binaries/"
 
+# The demo is built into bin/ and run from there, not with `go run`: the
+# signals of Ctrl-C or `timeout` then reach the demo itself, and no binary
+# is left in the temporary directory when `go run` is killed. It uses the
+# PostgreSQL image `make pg-image` chose, if it ran (else the test harness's
+# default, falling back to local binaries with a word of why).
 demo: build ## a throwaway PostgreSQL, the demo read models, sample events and the engine (Ctrl-C stops)
-	$(GO) run ./internal/tools/demo -bin bin/pgscribe -config config.toml.example -schema examples/demo/schema.sql
+	$(GO) build -o bin/demo ./internal/tools/demo
+	PGSCRIBE_TEST_PG_IMAGE="$${PGSCRIBE_TEST_PG_IMAGE:-$$(cat $(PG_IMAGE_FILE) 2>/dev/null || true)}" \
+		bin/demo -bin bin/pgscribe -config config.toml.example -schema examples/demo/schema.sql
+
+walkthrough: ## the first hour as a script: CLI messages, make demo stopped by Ctrl-C and SIGTERM, nothing left behind (~1 min)
+	GO=$(GO) scripts/walkthrough.sh
 
 # Extra flags for the bench program, e.g. BENCH_FLAGS="-scale 0.1 -workloads W1,W4"
 # for a smoke run (quick runs write to bench/out/, never over bench/RESULTS.md).

@@ -2,7 +2,7 @@
 // PostgreSQL events table. See README.md.
 //
 // main only parses flags, handles signals and chooses exit codes; every
-// command's work is in package engine.
+// command's work is in package admin (operator commands) or engine (run).
 package main
 
 import (
@@ -11,20 +11,30 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"io/fs"
 	"log/slog"
 	"os"
 	"os/signal"
-	"runtime/debug"
 	"syscall"
 	"time"
 
+	"github.com/pgscribe/pgscribe/admin"
 	"github.com/pgscribe/pgscribe/config"
 	"github.com/pgscribe/pgscribe/deadletter"
 	"github.com/pgscribe/pgscribe/engine"
+	"github.com/pgscribe/pgscribe/rules"
 )
 
-// version is set at build time with -ldflags "-X main.version=…".
-var version = "dev"
+// version, commit and commitDate are set at build time by `make build` and
+// the Dockerfile (-ldflags "-X main.version=… -X main.commit=…
+// -X main.commitDate=…"). A plain `go build` in a git clone leaves commit
+// and commitDate empty and the binary reads them from its embedded VCS
+// information instead (see buildInfo).
+var (
+	version    = "dev"
+	commit     = ""
+	commitDate = ""
+)
 
 const usage = `pgscribe keeps read-model tables up to date from a PostgreSQL events table.
 
@@ -83,13 +93,7 @@ func usageErr(format string, args ...any) error {
 var errHelp = errors.New("help requested")
 
 func main() {
-	// The engine's live heap is small and flat (bounded queues), so the
-	// default GC target makes it collect far more often than memory needs:
-	// GOGC=200 cut the engine's CPU per event by ~20% in a 300k-event
-	// backfill for ~16 MB more peak RSS. GOGC in the environment wins.
-	if os.Getenv("GOGC") == "" {
-		debug.SetGCPercent(200)
-	}
+	engine.SetGCPercent()
 	err := run(os.Args[1:], os.Stdout, os.Stderr)
 	if err == nil || errors.Is(err, errHelp) {
 		return
@@ -104,7 +108,7 @@ func exitCode(err error) int {
 	switch {
 	case errors.As(err, &ee):
 		return ee.code
-	case errors.Is(err, engine.ErrProblems), errors.Is(err, engine.ErrNotConfirmed):
+	case errors.Is(err, admin.ErrProblems), errors.Is(err, admin.ErrNotConfirmed):
 		return 2
 	}
 	return 1
@@ -124,7 +128,7 @@ func run(args []string, stdout, stderr io.Writer) error {
 		if err := parse(fs, rest); err != nil {
 			return err
 		}
-		fmt.Fprintln(stdout, "pgscribe", version)
+		writeVersion(stdout)
 		return nil
 	case "help", "-h", "-help", "--help":
 		fmt.Fprint(stdout, usage)
@@ -139,22 +143,24 @@ func run(args []string, stdout, stderr io.Writer) error {
 		}
 		// A rule that does not compile is a configuration error (exit 2,
 		// which the systemd unit does not restart), not a runtime failure.
-		if _, err := engine.Compile(cfg); err != nil {
+		progs, err := engine.Compile(cfg)
+		if err != nil {
 			return &exitError{code: 2, err: err}
 		}
-		return runEngine(cfg, log)
+		return runEngine(cfg, progs, log)
 	case "migrate":
 		eventsTable := fs.Bool("events-table", false, "also create the reference events table")
 		if err := parse(fs, rest); err != nil {
 			return err
 		}
-		cfg, log, err := loadConfig(*configPath, stderr, true)
+		// migrate needs no rules: a rule's mistake must not stop it.
+		cfg, log, err := loadConfigWith(config.LoadSettings, *configPath, stderr, true)
 		if err != nil {
 			return err
 		}
 		ctx, stop := signalContext()
 		defer stop()
-		return engine.Migrate(ctx, cfg, *eventsTable, log)
+		return admin.Migrate(ctx, cfg, *eventsTable, log)
 	case "check":
 		offline := fs.Bool("offline", false, "check the configuration and rules only, not the databases")
 		if err := parse(fs, rest); err != nil {
@@ -169,15 +175,15 @@ func run(args []string, stdout, stderr io.Writer) error {
 			return &exitError{code: 2, err: err}
 		}
 		if *offline || cfg.RequireDatabase() != nil {
-			fmt.Fprintf(stdout, "%s: ok (%d projections; databases not checked)\n", cfg.Path, len(cfg.Projections))
+			fmt.Fprintf(stdout, "%s: ok (%s; databases not checked)\n", cfg.Path, projections(len(cfg.Projections)))
 			return nil
 		}
 		ctx, stop := signalContext()
 		defer stop()
-		if err := engine.Check(ctx, cfg, progs, stdout); err != nil {
+		if err := admin.Check(ctx, cfg, progs, stdout); err != nil {
 			return err
 		}
-		fmt.Fprintf(stdout, "%s: ok (%d projections; databases checked)\n", cfg.Path, len(cfg.Projections))
+		fmt.Fprintf(stdout, "%s: ok (%s; databases checked)\n", cfg.Path, projections(len(cfg.Projections)))
 		return nil
 	case "status":
 		asJSON := fs.Bool("json", false, "print JSON")
@@ -192,38 +198,11 @@ func run(args []string, stdout, stderr io.Writer) error {
 		}
 		ctx, stop := signalContext()
 		defer stop()
-		for {
-			rep, err := engine.Status(ctx, cfg)
-			if err != nil {
-				if *watch && ctx.Err() != nil {
-					return nil
-				}
-				return err
-			}
-			switch {
-			case *asJSON:
-				err = rep.WriteJSON(stdout)
-			case *watch:
-				fmt.Fprint(stdout, "\x1b[H\x1b[2J") // home and clear: redraw in place on a terminal
-				if err = rep.WriteText(stdout); err == nil {
-					err = rep.WriteProgress(stdout, 40)
-				}
-			default:
-				err = rep.WriteText(stdout)
-			}
-			if err != nil || !*watch {
-				return err
-			}
-			select {
-			case <-ctx.Done():
-				return nil
-			case <-time.After(*interval):
-			}
-		}
+		return admin.ShowStatus(ctx, cfg, admin.StatusOptions{JSON: *asJSON, Watch: *watch, Interval: *interval}, stdout)
 	case "deadletters":
 		return deadLetters(fs, configPath, rest, stdout, stderr)
 	case "reset":
-		var o engine.ResetOptions
+		var o admin.ResetOptions
 		fs.StringVar(&o.Projection, "projection", "", "projection `name` (required)")
 		fs.Int64Var(&o.Version, "version", 0, "projection `version` (required)")
 		fs.BoolVar(&o.Yes, "yes", false, "reset; without it, only print what would be reset")
@@ -240,10 +219,10 @@ func run(args []string, stdout, stderr io.Writer) error {
 		}
 		ctx, stop := signalContext()
 		defer stop()
-		return engine.Reset(ctx, cfg, o, stdout)
+		return admin.Reset(ctx, cfg, o, stdout)
 	default:
-		fmt.Fprint(stderr, usage)
-		return usageErr("unknown command %q", cmd)
+		// The error alone, not the usage: 38 lines on stderr scroll it away.
+		return usageErr("unknown command %q (run 'pgscribe help' for usage)", cmd)
 	}
 }
 
@@ -282,9 +261,9 @@ func deadLetters(fs *flag.FlagSet, configPath *string, args []string, stdout, st
 	ctx, stop := signalContext()
 	defer stop()
 	if sub == "list" {
-		return engine.ListDeadLetters(ctx, cfg, f, *asJSON, stdout)
+		return admin.ListDeadLetters(ctx, cfg, f, *asJSON, stdout)
 	}
-	return engine.DeadLetterStats(ctx, cfg, f, *asJSON, stdout)
+	return admin.DeadLetterStats(ctx, cfg, f, *asJSON, stdout)
 }
 
 // parse parses a command's flags. -h prints them and ends the command
@@ -307,9 +286,25 @@ func signalContext() (context.Context, context.CancelFunc) {
 	return signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 }
 
+// projections is "1 projection" or "N projections".
+func projections(n int) string {
+	if n == 1 {
+		return "1 projection"
+	}
+	return fmt.Sprintf("%d projections", n)
+}
+
 // loadConfig loads and validates the configuration; errors exit 2.
 func loadConfig(flagPath string, stderr io.Writer, needDB bool) (*config.Config, *slog.Logger, error) {
-	cfg, err := config.Load(config.ConfigPath(flagPath))
+	return loadConfigWith(config.Load, flagPath, stderr, needDB)
+}
+
+// loadConfigWith is loadConfig with the loader of a command's choice.
+func loadConfigWith(load func(string) (*config.Config, error), flagPath string, stderr io.Writer, needDB bool) (*config.Config, *slog.Logger, error) {
+	cfg, err := load(config.ConfigPath(flagPath))
+	if errors.Is(err, fs.ErrNotExist) {
+		err = fmt.Errorf("%w\n%s", err, missingConfigHint(flagPath))
+	}
 	if err != nil {
 		return nil, nil, &exitError{code: 2, err: err}
 	}
@@ -319,6 +314,21 @@ func loadConfig(flagPath string, stderr io.Writer, needDB bool) (*config.Config,
 		}
 	}
 	return cfg, newLogger(cfg, stderr), nil
+}
+
+// missingConfigHint says where the configuration path came from and how
+// to give another: a new user running `pgscribe status` in an empty
+// directory otherwise only learns that ./pgscribe.toml does not exist.
+func missingConfigHint(flagPath string) string {
+	from := "neither -config nor $" + config.EnvConfig + " is set"
+	switch {
+	case flagPath != "":
+		from = "the path is -config's"
+	case os.Getenv(config.EnvConfig) != "":
+		from = "the path is $" + config.EnvConfig + "'s"
+	}
+	return fmt.Sprintf("  (%s; pass the configuration with -config FILE or %s=FILE; config.toml.example is a complete example)",
+		from, config.EnvConfig)
 }
 
 func newLogger(cfg *config.Config, w io.Writer) *slog.Logger {
@@ -335,31 +345,8 @@ func newLogger(cfg *config.Config, w io.Writer) *slog.Logger {
 // intake stops, in-flight batches commit or roll back, the slot is
 // confirmed, locks are released. A second signal, or shutdown_timeout
 // passing, stops hard.
-// memoryLimitPerProjection is the soft memory limit (a GC target, not a
-// cap) per projection that can be active on this node, used when
-// GOMEMLIMIT is not set. With the default engine settings a projection's
-// live heap stays well under it (bounded queues and batches); what it
-// stops is GOGC=200 letting the heap of a long backfill drift up between
-// collections (peak RSS of a 5M-event backfill 153 MB without it, against
-// 114 MB for 1M). Raise it with GOMEMLIMIT for large events or queues.
-const memoryLimitPerProjection = 96 << 20
-
-// defaultMemoryLimit is memoryLimitPerProjection times the projections
-// this node can run at once.
-func defaultMemoryLimit(cfg *config.Config) int64 {
-	n := len(cfg.Projections)
-	if m := cfg.Engine.MaxActiveProjections; m > 0 && m < n {
-		n = m
-	}
-	return int64(max(n, 1)) * memoryLimitPerProjection
-}
-
-func runEngine(cfg *config.Config, log *slog.Logger) error {
-	if os.Getenv("GOMEMLIMIT") == "" {
-		limit := defaultMemoryLimit(cfg)
-		debug.SetMemoryLimit(limit)
-		log.Info("soft memory limit (GOMEMLIMIT to change)", "bytes", limit)
-	}
+func runEngine(cfg *config.Config, progs []*rules.Program, log *slog.Logger) error {
+	engine.SetMemoryLimit(cfg, log)
 	sigs := make(chan os.Signal, 2)
 	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM)
 	defer signal.Stop(sigs)
@@ -383,5 +370,5 @@ func runEngine(cfg *config.Config, log *slog.Logger) error {
 	}()
 	log.Info("pgscribe starting", "version", version, "node", cfg.Engine.Node, "database", cfg.Database,
 		"projections", len(cfg.Projections))
-	return engine.RunAll(ctx, cfg, engine.RunOptions{Version: version, Logger: log, Hard: hard})
+	return engine.RunAll(ctx, cfg, engine.RunOptions{Version: version, Logger: log, Hard: hard, Programs: progs})
 }

@@ -14,6 +14,7 @@ import (
 	"github.com/pgscribe/pgscribe/cursor"
 	"github.com/pgscribe/pgscribe/deadletter"
 	"github.com/pgscribe/pgscribe/event"
+	"github.com/pgscribe/pgscribe/sqlstate"
 )
 
 // Evaluator turns an event into write intents, decoding the event's JSON
@@ -35,7 +36,7 @@ type Fence interface {
 	// The batch transaction sends it right after its BEGIN.
 	CheckStatement() (sql string, args []any)
 	// CheckFailed explains a failure of the check statement: an error
-	// wrapping ErrFenced when the lease changed or is gone.
+	// wrapping event.ErrFenced when the lease changed or is gone.
 	CheckFailed(err error) error
 }
 
@@ -49,6 +50,12 @@ type Observer interface {
 	// Isolation counts the segment attempts (savepoint round trips) one
 	// isolated pass made to find a batch's offending events.
 	Isolation(attempts int)
+	// RowsMissing counts n committed updates or deletes of a rule that
+	// matched no row.
+	RowsMissing(rule string, n int)
+	// Retried counts a batch retried after a transient failure, by its
+	// SQLSTATE ("" for a connection error).
+	Retried(sqlstate string)
 }
 
 // Input is one event handed to a partition, with the opaque token of the
@@ -231,50 +238,65 @@ func (c *Committer) commit(ctx context.Context, batch []Input, part *partition, 
 	// pipelined attempt would fail again, so it starts isolated.
 	isolate := part.suspect
 	part.suspect = false
-	backoff := c.opts.Backoff
-	for attempt := 1; ; attempt++ {
+	retry := sqlstate.Policy{MaxAttempts: c.opts.MaxAttempts, Backoff: c.opts.Backoff, MaxBackoff: c.opts.MaxBackoff}.Start()
+	var deadMisses map[string]int // misses that dead-lettered their events
+	for {
 		res, err := c.attempt(ctx, evals, isolate, final, part)
 		if errors.Is(err, errSuspect) {
 			part.suspect = true
 			return Result{}, err
 		}
 		if err == nil {
+			for rule, n := range deadMisses {
+				c.obs.RowsMissing(rule, n)
+			}
 			c.obs.BatchDone("committed", len(batch), time.Since(start))
 			if isolate {
 				c.obs.BatchDone("isolated", len(batch), 0)
 			}
 			return res, nil
 		}
+		var miss *missingError
+		if errors.As(err, &miss) {
+			if deadMisses == nil {
+				deadMisses = map[string]int{}
+			}
+			// Dead-letter the events whose writes missed and try the rest
+			// again: their other intents must not apply either.
+			markMissing(evals, miss.intents)
+			for _, in := range miss.intents {
+				deadMisses[in.Rule]++
+			}
+			continue
+		}
 		var halt *HaltError
-		if errors.As(err, &halt) || errors.Is(err, ErrFenced) || ctx.Err() != nil {
+		if errors.As(err, &halt) || errors.Is(err, event.ErrFenced) || ctx.Err() != nil {
 			if halt != nil {
 				c.obs.BatchDone("halted", len(batch), time.Since(start))
 			}
 			return Result{}, err
 		}
-		switch Classify(err) {
-		case ClassIntegrity:
+		switch sqlstate.Classify(err) {
+		case sqlstate.ClassIntegrity:
 			if !isolate {
 				// Retry the same batch event by event under savepoints to
 				// find exactly the offending events.
 				isolate = true
-				attempt--
-				continue
+				continue // the event-by-event rerun is not a new attempt
 			}
 			// An integrity error outside any single event (for example a
 			// deferred constraint at COMMIT) cannot be pinned on an event.
 			c.obs.BatchDone("halted", len(batch), time.Since(start))
 			return Result{}, c.halt("integrity failure not attributable to one event", err)
-		case ClassTransient:
+		case sqlstate.ClassTransient:
 			c.obs.BatchDone("retried", len(batch), 0)
-			if c.opts.MaxAttempts > 0 && attempt >= c.opts.MaxAttempts {
-				return Result{}, fmt.Errorf("batch failed after %d attempts: %w", attempt, err)
+			c.obs.Retried(sqlstate.Code(err))
+			if retry.Exhausted() {
+				return Result{}, fmt.Errorf("batch failed after %d attempts: %w", retry.Attempt(), err)
 			}
-			c.log.Warn("transient failure, retrying batch", "attempt", attempt, "sqlstate", SQLState(err), "backoff", backoff, "err", err)
-			if err := sleep(ctx, backoff); err != nil {
+			if err := retry.Wait(ctx, c.log, "transient failure, retrying batch", err); err != nil {
 				return Result{}, err
 			}
-			backoff = min(backoff*2, c.opts.MaxBackoff)
 		default:
 			c.obs.BatchDone("halted", len(batch), time.Since(start))
 			return Result{}, c.halt("structural failure", err)
@@ -283,7 +305,7 @@ func (c *Committer) commit(ctx context.Context, batch []Input, part *partition, 
 }
 
 func (c *Committer) halt(reason string, err error) error {
-	h := &HaltError{Reason: reason, SQLState: SQLState(err), Err: err}
+	h := &HaltError{Reason: reason, SQLState: sqlstate.Code(err), Err: err}
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) && pgErr.TableName != "" {
 		h.Table = pgErr.TableName
@@ -308,21 +330,6 @@ type statementError struct {
 
 func (e *statementError) Error() string { return fmt.Sprintf("write %s: %v", e.table, e.err) }
 func (e *statementError) Unwrap() error { return e.err }
-
-func sleep(ctx context.Context, d time.Duration) error {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return ctx.Err()
-	case <-t.C:
-		return nil
-	}
-}
-
-// ErrFenced is returned when the lease epoch no longer matches: another node
-// took over this projection. Nothing of the batch was committed.
-var ErrFenced = errors.New("fenced: lease epoch changed, another node owns this projection")
 
 // attempt runs one transaction for the batch. In the common case (no
 // event to isolate, every stream's cursor in the partition's cache) that is
@@ -431,7 +438,7 @@ func (c *Committer) attempt(ctx context.Context, evals []planned, isolate, final
 		return Result{}, err
 	}
 	if isolate {
-		if err := c.applyIsolated(ctx, conn, plan, circLocal); err != nil {
+		if err := c.applyIsolated(ctx, conn, plan, circLocal, &pl.missing); err != nil {
 			return Result{}, err
 		}
 	}
@@ -484,7 +491,7 @@ func (c *Committer) attempt(ctx context.Context, evals []planned, isolate, final
 	}
 	// The bookkeeping of the batch: its dead letters and cursor advances.
 	// In the pipelined path it rides in the same round trip as the writes.
-	book := func(q bookQuerier) error {
+	book := func(q event.Querier) error {
 		if len(dead) > 0 {
 			if err := deadletter.Insert(ctx, q, c.opts.Schema, dead); err != nil {
 				return fmt.Errorf("insert dead letters: %w", err)
@@ -512,6 +519,9 @@ func (c *Committer) attempt(ctx context.Context, evals []planned, isolate, final
 	}
 	part.circ = circLocal
 	part.cursors.put(curs)
+	for rule, n := range pl.missing.counts {
+		c.obs.RowsMissing(rule, n)
+	}
 	for range gaps {
 		c.obs.Gap()
 	}
@@ -543,7 +553,7 @@ func committed(tag pgconn.CommandTag, err error) error {
 // dbtx is the batch transaction: a pooled connection inside the
 // transaction block that the first round trip began.
 type dbtx interface {
-	bookQuerier
+	event.Querier
 	SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults
 }
 
@@ -552,7 +562,7 @@ type dbtx interface {
 // multi-row statements where that is exact (see planGroups), else one
 // statement per intent in order. A failing statement makes PostgreSQL skip
 // the rest of the pipeline, the COMMIT included.
-func (c *Committer) applyPipelined(ctx context.Context, tx dbtx, pl *pipeline, plan []planned, book func(bookQuerier) error) error {
+func (c *Committer) applyPipelined(ctx context.Context, tx dbtx, pl *pipeline, plan []planned, book func(event.Querier) error) error {
 	var intents []*event.Intent
 	for i := range plan {
 		if plan[i].out != outApply {
@@ -567,6 +577,18 @@ func (c *Committer) applyPipelined(ctx context.Context, tx dbtx, pl *pipeline, p
 	}
 	if err := book(&queuer{pl: pl, table: c.opts.Schema + " engine tables"}); err != nil {
 		return err
+	}
+	if hasDeadLetterIfMissing(intents) {
+		// A miss must roll the batch back, so read the writes' results
+		// before sending COMMIT: one more round trip, only for batches
+		// with if_missing = "dead_letter" rules.
+		if err := pl.send(ctx, tx); err != nil {
+			return err
+		}
+		if len(pl.missing.dead) > 0 {
+			return &missingError{intents: pl.missing.dead}
+		}
+		return committed(tx.Exec(ctx, "commit"))
 	}
 	pl.add("commit", nil, func(br pgx.BatchResults) error {
 		return committed(br.Exec())
@@ -598,8 +620,9 @@ func (c *Committer) queueWrites(ctx context.Context, tx dbtx, pl *pipeline, inte
 // pipeline is statements sent in one round trip, each with how its result
 // is read; reading stops at the first failure.
 type pipeline struct {
-	b     pgx.Batch
-	reads []func(pgx.BatchResults) error
+	b       pgx.Batch
+	reads   []func(pgx.BatchResults) error
+	missing missTally // updates and deletes that matched no row
 }
 
 func (p *pipeline) add(sql string, args []any, read func(pgx.BatchResults) error) {
@@ -628,14 +651,6 @@ func (p *pipeline) send(ctx context.Context, tx dbtx) error {
 		}
 	}
 	return br.Close()
-}
-
-// bookQuerier is what the dead-letter and cursor stores need: a
-// transaction, or a queuer that adds their statements to the batch.
-type bookQuerier interface {
-	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
-	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
-	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
 }
 
 // queuer adds Exec statements to a pipeline instead of running them; the
@@ -669,15 +684,25 @@ func (c *Committer) queueGroup(ctx context.Context, tx dbtx, pl *pipeline, g *gr
 	if err != nil {
 		return &HaltError{Reason: "render intent of rule " + g.first.Rule, Err: err}
 	}
-	pl.exec(sql, g.shape.table, args...)
+	if !g.mayMiss {
+		pl.exec(sql, g.shape.table, args...)
+		return nil
+	}
+	pl.add(sql, args, func(br pgx.BatchResults) error {
+		if err := pl.missing.read(br, g); err != nil {
+			return &statementError{table: g.shape.table, err: err}
+		}
+		return nil
+	})
 	return nil
 }
 
 // queueIntent queues one intent as its own statement.
 func (c *Committer) queueIntent(ctx context.Context, tx dbtx, pl *pipeline, in *event.Intent) error {
-	if in.Op == event.OpSQL {
+	op, _ := in.Op.Spec()
+	if op.Kind == event.KindStatement {
 		pl.exec(in.SQL, in.Table, in.Args...)
 		return nil
 	}
-	return c.queueGroup(ctx, tx, pl, &group{shape: shapeOf(in), first: in, rows: []*event.Intent{in}})
+	return c.queueGroup(ctx, tx, pl, &group{shape: shapeOf(in), first: in, rows: []*event.Intent{in}, mayMiss: op.MayMiss})
 }

@@ -8,6 +8,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/pgscribe/pgscribe/event"
+	"github.com/pgscribe/pgscribe/sqlstate"
 )
 
 // Isolation: a batch whose writes failed an integrity check (class 22 or
@@ -36,6 +37,8 @@ type isolation struct {
 	// circ counts consecutive failures to stop early on a schema
 	// mismatch; the batch's circuit is counted afterwards (walkCircuit).
 	circ circuit
+	// missing collects the misses of the segments that applied.
+	missing *missTally
 	// open: the savepoint is established and nothing ran since (a failed
 	// attempt rolled back to it), so the next attempt reuses it.
 	open bool
@@ -49,14 +52,17 @@ type isolation struct {
 // check and marks them dead-lettered (kind commit:<SQLSTATE> (<name>));
 // the writes of every other event are applied in tx. It halts early when
 // the failures alone trip circ (a copy of the partition's circuit).
-func (c *Committer) applyIsolated(ctx context.Context, tx dbtx, plan []planned, circ circuit) error {
+// Updates and deletes of applied segments that matched no row are added
+// to missing; one of an if_missing = "dead_letter" rule fails the pass with
+// a *missingError, as in the pipelined path.
+func (c *Committer) applyIsolated(ctx context.Context, tx dbtx, plan []planned, circ circuit, missing *missTally) error {
 	var seg []int
 	for i := range plan {
 		if plan[i].out == outApply {
 			seg = append(seg, i)
 		}
 	}
-	s := &isolation{c: c, tx: tx, plan: plan, circ: circ}
+	s := &isolation{c: c, tx: tx, plan: plan, circ: circ, missing: missing}
 	_, err := s.run(ctx, seg, false)
 	c.obs.Isolation(s.attempts)
 	c.log.Info("isolated batch", "events", len(plan), "attempts", s.attempts, "applied", s.applied, "failed", s.failed)
@@ -141,10 +147,19 @@ func (s *isolation) try(ctx context.Context, seg []int) (failure, err error) {
 	pl.exec("RELEASE SAVEPOINT "+segmentSavepoint, "")
 	err = pl.send(ctx, s.tx)
 	if err == nil {
+		if len(pl.missing.dead) > 0 {
+			return nil, &missingError{intents: pl.missing.dead}
+		}
+		for rule, n := range pl.missing.counts {
+			if s.missing.counts == nil {
+				s.missing.counts = map[string]int{}
+			}
+			s.missing.counts[rule] += n
+		}
 		return nil, nil
 	}
 	var halt *HaltError
-	if errors.As(err, &halt) || Classify(err) != ClassIntegrity {
+	if errors.As(err, &halt) || sqlstate.Classify(err) != sqlstate.ClassIntegrity {
 		return nil, err
 	}
 	// Without arguments Exec takes the simple protocol: an aborted
@@ -160,7 +175,7 @@ func (s *isolation) try(ctx context.Context, seg []int) (failure, err error) {
 // circuit, which halts the batch once it trips.
 func (s *isolation) dead(i int, failure error) error {
 	s.failed++
-	state := SQLState(failure)
+	state := sqlstate.Code(failure)
 	if s.circ.state == state {
 		s.circ.count++
 	} else {

@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/pgscribe/pgscribe/event"
+	"github.com/pgscribe/pgscribe/sqlstate"
 )
 
 // The pre-check: what the target catalog already says an event's writes
@@ -184,9 +185,9 @@ func tooLong(in *event.Intent, lim lengths) error {
 // markFailed dead-letters p for an integrity failure of its writes.
 func (c *Committer) markFailed(p *planned, failure error) {
 	p.out = outDead
-	p.kind = "commit:" + Describe(failure)
+	p.kind = "commit:" + sqlstate.Describe(failure)
 	p.message = failure.Error()
-	p.sqlstate = SQLState(failure)
+	p.sqlstate = sqlstate.Code(failure)
 	p.failure = failure
 	p.intents = nil
 }

@@ -5,6 +5,7 @@ import (
 	"testing"
 
 	"github.com/pgscribe/pgscribe/event"
+	"github.com/pgscribe/pgscribe/sqlstate"
 )
 
 func TestPrecheckTooLong(t *testing.T) {
@@ -33,8 +34,8 @@ func TestPrecheckTooLong(t *testing.T) {
 		case c.want != "" && err == nil:
 			t.Errorf("%s: no error, want one for %s", c.what, c.want)
 		case c.want != "":
-			if SQLState(err) != "22001" || Describe(err) != "22001 (string_data_right_truncation)" {
-				t.Errorf("%s: SQLSTATE %q, want 22001", c.what, SQLState(err))
+			if sqlstate.Code(err) != "22001" || sqlstate.Describe(err) != "22001 (string_data_right_truncation)" {
+				t.Errorf("%s: SQLSTATE %q, want 22001", c.what, sqlstate.Code(err))
 			}
 			if want := "rule r: write t: ERROR: value too long for type " + c.want + " (SQLSTATE 22001)"; err.Error() != want {
 				t.Errorf("%s: %q, want %q", c.what, err.Error(), want)

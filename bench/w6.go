@@ -18,9 +18,8 @@ import (
 // (0.5% of the events carry a reference too long for its varchar(40) and
 // fail at commit, 1% fail a rule: a zero or missing amount).
 
-// w6Projection is W6's projection. Until key-only inserts load, the
-// membership rule is the equivalent upsert that sets a column to its default.
-// The open rule names its key: a keyless insert into a table that the batch
+// w6Projection is W6's projection. The membership rule is a key-only
+// insert (seen takes its default). The open rule names its key: a keyless insert into a table that the batch
 // also updates would send the batch one statement per intent.
 const w6Projection = `
 [[projection]]
@@ -31,10 +30,9 @@ on_error = "dead_letter"
   [[projection.rule]]
   name  = "member"
   on    = "AccountOpened"
-  op    = "upsert"
+  op    = "insert"
   table = "w6_open"
   key   = { account_id = "data.account_id" }
-  set   = { seen = "true" }
 
   [[projection.rule]]
   name  = "open"
@@ -146,7 +144,7 @@ SELECT type, count(*) FROM events WHERE NOT ` + w6Bad + ` GROUP BY 1`},
 func (b *bench) w6(ctx context.Context, hist history) error {
 	n := hist.events()
 	w := b.res.workload("W6", "the real shape: mixed ops, shared rows, poison",
-		fmt.Sprintf("backfill of %s events over %s streams, one projection of 7 rules (membership upsert/delete, "+
+		fmt.Sprintf("backfill of %s events over %s streams, one projection of 7 rules (membership key-only insert/delete, "+
 			"insert, update + inc + set, update + set, counts by type in 4 rows written by every stream); "+
 			"clean, then with 0.5%% commit-time poison (varchar(40) overflow) and 1%% rule poison",
 			thousands(n), thousands(hist.streams)), n)

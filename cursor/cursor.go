@@ -3,7 +3,7 @@
 // dead-lettered, with per-stream counts) and one watermark per version (the
 // contiguous LSN below which everything is durable, the slot and the phase).
 //
-// Every write takes the caller's Querier, so cursor advances commit in the
+// Every write takes the caller's event.Querier, so cursor advances commit in the
 // batch transaction together with the read-model writes and dead letters:
 // a rolled-back batch leaves the cursors where they were. An event whose
 // stream_position is at or below its stream's cursor was already accounted
@@ -19,19 +19,9 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/pgscribe/pgscribe/event"
 )
-
-// Querier is what the store needs from a database handle: pgx.Tx, *pgx.Conn,
-// *pgxpool.Pool and *pgxpool.Conn satisfy it. Pass the batch transaction to
-// make a write part of the batch.
-type Querier interface {
-	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
-	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
-	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
-}
 
 // Cursor is a stream's last accounted-for event.
 type Cursor struct {
@@ -164,7 +154,7 @@ FROM ` + cursors + " WHERE " + this,
 
 // Load returns the cursors of the given streams; a stream with no cursor is
 // absent from the map (which is not the same as a cursor at 0).
-func (s *Store) Load(ctx context.Context, q Querier, streams []string) (map[string]Cursor, error) {
+func (s *Store) Load(ctx context.Context, q event.Querier, streams []string) (map[string]Cursor, error) {
 	out := make(map[string]Cursor, len(streams))
 	if len(streams) == 0 {
 		return out, nil
@@ -211,7 +201,7 @@ func ScanInto(rows pgx.Rows, into map[string]Cursor) error {
 // are merged (counts summed, positions of the highest StreamPosition, the
 // later entry on a tie). Nothing is checked against the stored position;
 // deciding what is a duplicate is the caller's job, before it advances.
-func (s *Store) Advance(ctx context.Context, q Querier, adv []Advance) error {
+func (s *Store) Advance(ctx context.Context, q event.Querier, adv []Advance) error {
 	if len(adv) == 0 {
 		return nil
 	}
@@ -253,7 +243,7 @@ func merge(adv []Advance) []Advance {
 }
 
 // LoadWatermark returns the version's watermark; false when it has none yet.
-func (s *Store) LoadWatermark(ctx context.Context, q Querier) (Watermark, bool, error) {
+func (s *Store) LoadWatermark(ctx context.Context, q event.Querier) (Watermark, bool, error) {
 	var w Watermark
 	var lsn string
 	var commit *time.Time
@@ -282,7 +272,7 @@ func (s *Store) LoadWatermark(ctx context.Context, q Querier) (Watermark, bool, 
 // seen no event yet) keeps the stored one. An empty SlotName or Phase keeps
 // the stored value (Phase defaults to backfilling on the first save), and so
 // does a zero BackfillTotal or BackfillDone; SetPhase sets all three exactly.
-func (s *Store) SaveWatermark(ctx context.Context, q Querier, w Watermark) error {
+func (s *Store) SaveWatermark(ctx context.Context, q event.Querier, w Watermark) error {
 	if err := checkPhase(w.Phase, true); err != nil {
 		return fmt.Errorf("save watermark: %w", err)
 	}
@@ -299,7 +289,7 @@ func (s *Store) SaveWatermark(ctx context.Context, q Querier, w Watermark) error
 
 // SetPhase records the phase and the backfill progress (total events to read
 // and events read so far), creating the watermark row if needed.
-func (s *Store) SetPhase(ctx context.Context, q Querier, phase string, total, done int64) error {
+func (s *Store) SetPhase(ctx context.Context, q event.Querier, phase string, total, done int64) error {
 	if err := checkPhase(phase, false); err != nil {
 		return fmt.Errorf("set phase: %w", err)
 	}
@@ -320,7 +310,7 @@ func checkPhase(phase string, emptyOK bool) error {
 // Totals sums the version's cursors: how many streams it has seen and how
 // their events were accounted for. Conservation holds when
 // Applied+Skipped+DeadLettered equals the number of source events.
-func (s *Store) Totals(ctx context.Context, q Querier) (Totals, error) {
+func (s *Store) Totals(ctx context.Context, q event.Querier) (Totals, error) {
 	var t Totals
 	if err := q.QueryRow(ctx, s.totalsSQL, s.projection, s.version).Scan(
 		&t.Streams, &t.Applied, &t.Skipped, &t.DeadLettered); err != nil {
@@ -331,7 +321,7 @@ func (s *Store) Totals(ctx context.Context, q Querier) (Totals, error) {
 
 // HasCursors reports whether the version has any cursor, that is whether it
 // ever committed a batch (a lost slot then means resync, not a fresh start).
-func (s *Store) HasCursors(ctx context.Context, q Querier) (bool, error) {
+func (s *Store) HasCursors(ctx context.Context, q event.Querier) (bool, error) {
 	var has bool
 	if err := q.QueryRow(ctx, s.hasSQL, s.projection, s.version).Scan(&has); err != nil {
 		return false, fmt.Errorf("has cursors: %w", err)
@@ -341,7 +331,7 @@ func (s *Store) HasCursors(ctx context.Context, q Querier) (bool, error) {
 
 // Reset deletes the version's cursors and watermark, atomically, so that it
 // is rebuilt from the start. Dead letters and the lease stay.
-func (s *Store) Reset(ctx context.Context, q Querier) error {
+func (s *Store) Reset(ctx context.Context, q event.Querier) error {
 	if _, err := q.Exec(ctx, s.resetSQL, s.projection, s.version); err != nil {
 		return fmt.Errorf("reset cursors: %w", err)
 	}

@@ -2,14 +2,9 @@ package engine
 
 import (
 	"context"
-	"sync/atomic"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgxpool"
-
-	"github.com/pgscribe/pgscribe/cursor"
 	"github.com/pgscribe/pgscribe/lag"
-	"github.com/pgscribe/pgscribe/leader"
 )
 
 // newProbe returns a lag probe of this projection version on its own
@@ -36,22 +31,23 @@ func (p *Projection) newProbe() *lag.Probe {
 // lag_interval while this node is active, busy or idle. The first
 // measurement is taken at once, so that a scrape right after a takeover
 // already sees numbers from this node.
-func (p *Projection) reportLag(ctx context.Context, pool *pgxpool.Pool, store *cursor.Store, lease *leader.Lease, tracker *lag.Tracker, backfilling *atomic.Bool) {
-	probe := p.newProbe()
+func (s *session) reportLag(ctx context.Context) {
+	probe := s.newProbe()
 	defer probe.Close(ctx)
-	t := time.NewTicker(p.cfg.Engine.LagInterval)
+	t := time.NewTicker(s.cfg.Engine.LagInterval)
 	defer t.Stop()
+	tracker := s.ledger.tracker
 	for {
 		lsn, wmTime, idle := tracker.Watermark()
-		local := &lag.Local{Watermark: lsn, WatermarkTime: wmTime, Idle: idle, Backfilling: backfilling.Load()}
+		local := &lag.Local{Watermark: lsn, WatermarkTime: wmTime, Idle: idle, Backfilling: s.backfilling.Load()}
 		if oldest, ok := tracker.Oldest(); ok {
 			local.Oldest = oldest
 		}
 		// Readiness and the stored watermark first: they must not wait for
 		// a slow probe (the first one counts the whole events table).
-		p.caught.Store(idle && !local.Backfilling)
+		s.caught.Store(idle && !local.Backfilling)
 		if !local.Backfilling && lsn > 0 {
-			p.saveWatermark(ctx, pool, store, lease, tracker)
+			s.ledger.save(ctx)
 		}
 		_, _ = probe.Tick(ctx, local)
 		select {

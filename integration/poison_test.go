@@ -17,14 +17,8 @@ import (
 // a column of <name>_names of type column: a name longer than 8 characters
 // is poison (varchar(8) or a CHECK of the length).
 func poisonNames(name, column string) (faultProjection, string) {
-	return faultProjection{name: name, types: []string{"Named"}, extra: fmt.Sprintf(`
-  [[projection.rule]]
-  name  = "name"
-  on    = "Named"
-  op    = "insert"
-  table = "%[1]s_names"
-  set   = { event_id = "id", name = "data.name" }
-`, name)}, fmt.Sprintf(`CREATE TABLE %s_names (event_id uuid PRIMARY KEY, name %s NOT NULL)`, name, column)
+	return faultProjection{name: name, types: []string{"Named"}, extra: []rule{
+		{name: "name", on: "Named", op: "insert", table: name + "_names", set: `event_id = "id", name = "data.name"`}}}, fmt.Sprintf(`CREATE TABLE %s_names (event_id uuid PRIMARY KEY, name %s NOT NULL)`, name, column)
 }
 
 // named is a Named event carrying v and a name; a long name is poison
@@ -75,29 +69,29 @@ func TestPoisonBisection(t *testing.T) {
 	k := len(bad) + 2
 	e, p := startFault(t, 5, ddl, backlog, proj)
 	e.appendEvents(t, live...)
-	e.waitAccounted(t, p, proj.name, waitLong)
+	waitAccounted(t, e.pool, waitLong, proj.name, 1, p.broken)
 	proj.check(t, e)
-	e.sameRows(t, "bisect_names", `SELECT event_id::text, name FROM bisect_names`,
+	sameRows(t, e.pool, "bisect_names", `SELECT event_id::text, name FROM bisect_names`,
 		`SELECT id::text, data->>'name' FROM events WHERE type = 'Named' AND metadata->>'expect' IS NULL`)
 	if got := e.scalar(t, `SELECT count(*) FROM bisect_names`); got != int64(n+48-k) {
 		t.Errorf("bisect_names has %d rows, want %d", got, n+48-k)
 	}
 	e.checkAccounting(t, proj.name)
-	if got := p.metric(t, "pgscribe_events_total", projLabels(proj.name, "outcome", "dead_lettered")); got != float64(k) {
+	if got := p.metric("pgscribe_events_total", projLabels(proj.name, "outcome", "dead_lettered")); got != float64(k) {
 		t.Errorf("pgscribe_events_total{outcome=dead_lettered} = %v, want %d", got, k)
 	}
 	// Each poison event costs at most two attempts per halving of its
 	// batch (≤ 400 events: 9 halvings) plus the whole try of its batch;
 	// an event-by-event replay would cost ≥ 400 per backfill batch.
-	attempts := p.metric(t, "pgscribe_isolation_attempts_total", projLabels(proj.name))
+	attempts := p.metric("pgscribe_isolation_attempts_total", projLabels(proj.name))
 	if limit := float64(k * (2*9 + 2)); attempts < float64(k) || attempts > limit {
 		t.Errorf("pgscribe_isolation_attempts_total = %v, want between %d and %v", attempts, k, limit)
 	}
 	t.Logf("%d poison events among %d: %v isolation attempts", k, n+48, attempts)
-	if v := p.metric(t, "pgscribe_halted", projLabels(proj.name)); v != 0 {
+	if v := p.metric("pgscribe_halted", projLabels(proj.name)); v != 0 {
 		t.Errorf("pgscribe_halted = %v, want 0: poison must not halt", v)
 	}
-	p.stop(t)
+	p.stop()
 }
 
 // TestPoisonCircuitVarchar: shrinking the column so that every new name
@@ -113,12 +107,12 @@ func TestPoisonCircuitVarchar(t *testing.T) {
 	// Emptied first: the existing names do not fit either.
 	e.exec(t, `TRUNCATE shrink_names; ALTER TABLE shrink_names ALTER COLUMN name TYPE varchar(1)`)
 	e.appendEvents(t, namedRange("s", 4, 40, 240, "", nil)...)
-	p.waitHalted(t, proj.name, "22001")
+	p.waitHalted(proj.name, "22001")
 	e.checkNoDeadLetters(t, proj.name)
 	if got := e.accounted(t, proj.name); got != before {
 		t.Errorf("after the halt %d events are accounted for, want the %d from before the change", got, before)
 	}
-	p.stop(t)
+	p.stop()
 }
 
 // TestPoisonLiveLatency: live, one poison event among good ones of the
@@ -138,7 +132,7 @@ func TestPoisonLiveLatency(t *testing.T) {
 		good.stream = "l-0"
 		start := time.Now()
 		e.appendEvents(t, good)
-		e.waitAccounted(t, p, proj.name, waitLong)
+		waitAccounted(t, e.pool, waitLong, proj.name, 1, p.broken)
 		worst = max(worst, time.Since(start))
 	}
 	t.Logf("worst time from a good event after a poison one to both accounted for: %v", worst)
@@ -147,7 +141,7 @@ func TestPoisonLiveLatency(t *testing.T) {
 	}
 	proj.check(t, e)
 	e.checkAccounting(t, proj.name)
-	p.stop(t)
+	p.stop()
 }
 
 // TestPoisonPrecheck: names too long for a varchar(8) column are found from
@@ -161,15 +155,15 @@ func TestPoisonPrecheck(t *testing.T) {
 	backlog := namedRange("p", 8, 0, 800, varcharKind, func(i int) bool { return i%97 == 5 })
 	e, p := startFault(t, 5, ddl, backlog, proj)
 	e.appendEvents(t, namedRange("p", 8, 800, 840, varcharKind, func(i int) bool { return i == 811 })...)
-	e.waitAccounted(t, p, proj.name, waitLong)
+	waitAccounted(t, e.pool, waitLong, proj.name, 1, p.broken)
 	proj.check(t, e)
 	e.checkAccounting(t, proj.name)
 	for _, m := range []string{"pgscribe_isolation_attempts_total"} {
-		if got := p.metric(t, m, projLabels(proj.name)); got != 0 {
+		if got := p.metric(m, projLabels(proj.name)); got != 0 {
 			t.Errorf("%s = %v, want 0: the catalog tells these failures", m, got)
 		}
 	}
-	if got := p.metric(t, "pgscribe_batches_total", projLabels(proj.name, "result", "isolated")); got != 0 {
+	if got := p.metric("pgscribe_batches_total", projLabels(proj.name, "result", "isolated")); got != 0 {
 		t.Errorf("pgscribe_batches_total{result=isolated} = %v, want 0", got)
 	}
 
@@ -177,10 +171,10 @@ func TestPoisonPrecheck(t *testing.T) {
 	long := named(900, "")
 	long.stream, long.data["name"] = "p-0", strings.Repeat("y", 20)
 	e.appendEvents(t, long)
-	e.waitAccounted(t, p, proj.name, waitLong)
+	waitAccounted(t, e.pool, waitLong, proj.name, 1, p.broken)
 	if got := e.scalar(t, `SELECT count(*) FROM pre_names WHERE name = $1`, strings.Repeat("y", 20)); got != 1 {
 		t.Errorf("a 20-character name after widening to varchar(40): %d rows, want 1", got)
 	}
 	e.checkAccounting(t, proj.name)
-	p.stop(t)
+	p.stop()
 }

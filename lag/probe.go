@@ -7,7 +7,6 @@ import (
 	"log/slog"
 	"math"
 	"strconv"
-	"strings"
 	"sync"
 	"time"
 
@@ -95,7 +94,7 @@ func NewProbe(cfg ProbeConfig, view *Projection) *Probe {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
-	table := pgx.Identifier(strings.Split(cfg.Table, ".")).Sanitize()
+	table := event.Table(cfg.Table).Quoted()
 	pos := pgx.Identifier{cfg.Position}.Sanitize()
 	return &Probe{
 		cfg:   cfg,
@@ -176,7 +175,7 @@ func (p *Probe) read(ctx context.Context, st *probeState, local *Local) (DBView,
 	defer st.tail.mu.Unlock()
 	var db DBView
 	srcQ := pgx.Tx(nil)
-	tgtQ := cursor.Querier(p.tgt)
+	tgtQ := event.Querier(p.tgt)
 	same := p.tgt == nil
 	if same {
 		tx, err := p.src.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly})

@@ -22,7 +22,7 @@
 // epoch, acquired_at FROM leases … FOR SHARE and fails, in PostgreSQL,
 // unless both are what this node wrote when it acquired: a batch pipelines
 // its writes and COMMIT behind the check, and the server skips them after
-// the failure (CheckFailed reads it as apply.ErrFenced). (acquired_at makes the token unique even if
+// the failure (CheckFailed reads it as event.ErrFenced). (acquired_at makes the token unique even if
 // a PostgreSQL failover loses the last bump with the WAL that carried it and
 // the next holder bumps to the same epoch again.) The bump is an UPDATE of
 // the same row, so the row lock orders every batch against every takeover:

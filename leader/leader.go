@@ -13,7 +13,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
-	"github.com/pgscribe/pgscribe/apply"
+	"github.com/pgscribe/pgscribe/event"
 )
 
 // ErrLost means the lock session broke: the lock is gone with it.
@@ -35,6 +35,7 @@ type Lease struct {
 	projection string
 	version    int64
 	checkSQL   string
+	leases     string // the quoted leases table
 
 	mu   sync.Mutex // serialises use of conn: Watch pings, Release
 	conn session    // the lock session
@@ -115,7 +116,8 @@ func TryAcquire(ctx context.Context, url, schema, projection string, version int
 	// epoch, and every batch of a previous holder that started before it
 	// has finished (the row lock) by the time it commits. acquired_at is
 	// the time the row lock was had, not when the statement began waiting.
-	leases := pgx.Identifier{schema, "leases"}.Sanitize()
+	leases := leasesTable(schema)
+	l.leases = leases
 	err = conn.QueryRow(ctx, `INSERT INTO `+leases+` AS l (projection, version, epoch, node, acquired_at)
 		VALUES ($1, $2, 1, $3, clock_timestamp())
 		ON CONFLICT (projection, version) DO UPDATE SET epoch = l.epoch + 1, node = EXCLUDED.node, acquired_at = clock_timestamp()
@@ -131,7 +133,7 @@ FROM (SELECT epoch, acquired_at FROM ` + leases + ` WHERE projection = $1 AND ve
 }
 
 // Check runs the check of CheckStatement in tx, which must not have run
-// anything else yet; it returns an error wrapping apply.ErrFenced when the
+// anything else yet; it returns an error wrapping event.ErrFenced when the
 // lease is no longer ours, and the caller must roll back.
 func (l *Lease) Check(ctx context.Context, tx pgx.Tx) error {
 	sql, args := l.CheckStatement()
@@ -144,7 +146,7 @@ func (l *Lease) Check(ctx context.Context, tx pgx.Tx) error {
 // fenceMark starts the text of a failed check.
 const fenceMark = "pgscribe fence: "
 
-// CheckStatement implements apply.Fence. The statement locks the lease row
+// CheckStatement implements the apply package's Fence. The statement locks the lease row
 // for share and checks it is still ours (same epoch and acquired_at), so
 // that a takeover waits for this transaction and everything the
 // transaction reads afterwards is at least as new as the previous owner's
@@ -155,13 +157,13 @@ func (l *Lease) CheckStatement() (string, []any) {
 	return l.checkSQL, []any{l.projection, l.version, l.Epoch, l.Acquired}
 }
 
-// CheckFailed implements apply.Fence.
+// CheckFailed implements the apply package's Fence.
 func (l *Lease) CheckFailed(err error) error {
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) && pgErr.Code == pgerrcode.InvalidTextRepresentation {
 		if i := strings.Index(pgErr.Message, fenceMark); i >= 0 {
 			found := strings.TrimSuffix(pgErr.Message[i+len(fenceMark):], `"`)
-			return fmt.Errorf("%w (ours epoch %d acquired %s; %s)", apply.ErrFenced,
+			return fmt.Errorf("%w (ours epoch %d acquired %s; %s)", event.ErrFenced,
 				l.Epoch, l.Acquired.UTC().Format(time.RFC3339Nano), found)
 		}
 	}
@@ -219,4 +221,74 @@ func (l *Lease) Release(ctx context.Context) {
 		_, _ = l.conn.Exec(ctx, "SELECT pg_advisory_unlock($1)", l.key)
 	}
 	_ = l.conn.Close(ctx)
+}
+
+// The rest of what leader/ owns besides taking the lock: the leases table
+// (its halt columns and reading a row) and finding which backend holds a
+// projection version's advisory lock.
+
+// Row is a projection version's row in the leases table.
+type Row struct {
+	Node       string
+	Epoch      int64
+	Acquired   time.Time
+	HaltedAt   *time.Time // set while the holder is halted
+	HaltReason *string
+}
+
+func leasesTable(schema string) string { return pgx.Identifier{schema, "leases"}.Sanitize() }
+
+// Load reads the lease row of a projection version; false when there is
+// none (the version never ran).
+func Load(ctx context.Context, q event.Querier, schema, projection string, version int64) (Row, bool, error) {
+	var r Row
+	err := q.QueryRow(ctx, `SELECT node, epoch, acquired_at, halted_at, halt_reason FROM `+leasesTable(schema)+
+		` WHERE projection = $1 AND version = $2`, projection, version).Scan(&r.Node, &r.Epoch, &r.Acquired, &r.HaltedAt, &r.HaltReason)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return Row{}, false, nil
+	}
+	if err != nil {
+		return Row{}, false, fmt.Errorf("load lease: %w", err)
+	}
+	return r, true, nil
+}
+
+// RecordHalt records on the lease row, if the lease is still this one,
+// that its holder halted and why, for `pgscribe status`.
+func (l *Lease) RecordHalt(ctx context.Context, q event.Querier, reason string) error {
+	_, err := q.Exec(ctx, `UPDATE `+l.leases+` SET halted_at = now(), halt_reason = $4
+			WHERE projection = $1 AND version = $2 AND epoch = $3`, l.projection, l.version, l.Epoch, reason)
+	return err
+}
+
+// ClearHalt removes a recorded halt from the lease row, if the lease is
+// still this one.
+func (l *Lease) ClearHalt(ctx context.Context, q event.Querier) error {
+	_, err := q.Exec(ctx, `UPDATE `+l.leases+` SET halted_at = NULL, halt_reason = NULL
+			WHERE projection = $1 AND version = $2 AND epoch = $3 AND halted_at IS NOT NULL`, l.projection, l.version, l.Epoch)
+	return err
+}
+
+// Holder returns the backend of q's database holding the advisory lock of
+// a projection version, 0 when none does. pg_try_advisory_lock(bigint)
+// shows in pg_locks with the key's high 32 bits in classid, its low 32
+// bits in objid and objsubid 1 (the two-int4 form uses objsubid 2), in the
+// current database.
+func Holder(ctx context.Context, q event.Querier, schema, projection string, version int64) (int32, error) {
+	hi, lo := keyParts(Key(schema, projection, version))
+	var pid int32
+	err := q.QueryRow(ctx, `SELECT coalesce(min(pid), 0) FROM pg_locks
+WHERE locktype = 'advisory' AND granted AND objsubid = 1
+  AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
+  AND classid = $1::bigint::oid AND objid = $2::bigint::oid`, hi, lo).Scan(&pid)
+	if err != nil {
+		return 0, fmt.Errorf("look up advisory lock: %w", err)
+	}
+	return pid, nil
+}
+
+// keyParts splits a bigint advisory lock key the way pg_locks shows it.
+func keyParts(key int64) (classid, objid int64) {
+	k := uint64(key)
+	return int64(k >> 32), int64(k & 0xFFFFFFFF)
 }

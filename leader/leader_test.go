@@ -11,7 +11,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgconn"
 
-	"github.com/pgscribe/pgscribe/apply"
+	"github.com/pgscribe/pgscribe/event"
 )
 
 func TestKey(t *testing.T) {
@@ -97,7 +97,7 @@ func TestCheckFailed(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			err := l.CheckFailed(tt.err)
-			if got := errors.Is(err, apply.ErrFenced); got != tt.wantFenced {
+			if got := errors.Is(err, event.ErrFenced); got != tt.wantFenced {
 				t.Fatalf("CheckFailed() = %v, fenced %v, want fenced %v", err, got, tt.wantFenced)
 			}
 			if !tt.wantFenced && !errors.Is(err, tt.err) {
@@ -309,6 +309,25 @@ func TestReleaseLostSession(t *testing.T) {
 	for _, c := range s.calls {
 		if c != "close" {
 			t.Errorf("ran %q on a closed session", c)
+		}
+	}
+}
+
+func TestKeyParts(t *testing.T) {
+	tests := []struct {
+		key            int64
+		classid, objid int64
+	}{
+		{key: 0, classid: 0, objid: 0},
+		{key: 5, classid: 0, objid: 5},
+		{key: 1<<32 | 7, classid: 1, objid: 7},
+		{key: -1, classid: 0xFFFFFFFF, objid: 0xFFFFFFFF},
+		{key: -1 << 63, classid: 0x80000000, objid: 0},
+	}
+	for _, tt := range tests {
+		c, o := keyParts(tt.key)
+		if c != tt.classid || o != tt.objid {
+			t.Errorf("keyParts(%d) = %d, %d; want %d, %d", tt.key, c, o, tt.classid, tt.objid)
 		}
 	}
 }

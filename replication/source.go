@@ -29,7 +29,7 @@ type Source struct {
 	Columns     Columns
 }
 
-func (s Source) tableIdent() string { return pgx.Identifier(strings.Split(s.Table, ".")).Sanitize() }
+func (s Source) tableIdent() string { return event.Table(s.Table).Quoted() }
 
 func (s Source) tableName() (schema, name string) {
 	if i := strings.LastIndex(s.Table, "."); i >= 0 {

@@ -1,4 +1,4 @@
-package apply
+package sqlstate
 
 import (
 	"context"
@@ -181,8 +181,8 @@ func TestClassifySQLStateDescribe(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			if got := SQLState(tt.err); got != tt.wantState {
-				t.Errorf("SQLState() = %q, want %q", got, tt.wantState)
+			if got := Code(tt.err); got != tt.wantState {
+				t.Errorf("Code() = %q, want %q", got, tt.wantState)
 			}
 			if got := Describe(tt.err); got != tt.wantDesc {
 				t.Errorf("Describe() = %q, want %q", got, tt.wantDesc)

@@ -1,4 +1,4 @@
-package engine
+package admin
 
 import (
 	"bytes"
@@ -6,6 +6,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/pgscribe/pgscribe/engine"
 )
 
 func TestDeriveState(t *testing.T) {
@@ -13,14 +15,14 @@ func TestDeriveState(t *testing.T) {
 		name                    string
 		locked, haveWM, streams bool
 		phase                   string
-		want                    State
+		want                    engine.State
 	}{
-		{name: "nobody holds the lock", haveWM: true, phase: "live", streams: true, want: StateStopped},
-		{name: "never run", want: StateStopped},
-		{name: "locked, no watermark yet", locked: true, want: StateBackfilling},
-		{name: "locked, backfilling", locked: true, haveWM: true, phase: "backfilling", want: StateBackfilling},
-		{name: "locked, live, streaming", locked: true, haveWM: true, phase: "live", streams: true, want: StateLive},
-		{name: "locked, live, slot idle", locked: true, haveWM: true, phase: "live", want: StateStarting},
+		{name: "nobody holds the lock", haveWM: true, phase: "live", streams: true, want: engine.StateStopped},
+		{name: "never run", want: engine.StateStopped},
+		{name: "locked, no watermark yet", locked: true, want: engine.StateBackfilling},
+		{name: "locked, backfilling", locked: true, haveWM: true, phase: "backfilling", want: engine.StateBackfilling},
+		{name: "locked, live, streaming", locked: true, haveWM: true, phase: "live", streams: true, want: engine.StateLive},
+		{name: "locked, live, slot idle", locked: true, haveWM: true, phase: "live", want: engine.StateStarting},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -35,18 +37,18 @@ func TestLagSeconds(t *testing.T) {
 	now := time.Date(2025, 1, 2, 3, 4, 5, 0, time.UTC)
 	tests := []struct {
 		name    string
-		state   State
+		state   engine.State
 		backlog int64
 		commit  time.Time
 		want    *float64
 	}{
-		{name: "caught up", state: StateLive, commit: now.Add(-time.Hour), want: ptr(0.0)},
-		{name: "caught up without commit time", state: StateStopped, want: ptr(0.0)},
-		{name: "behind", state: StateLive, backlog: 3, commit: now.Add(-90 * time.Second), want: ptr(90.0)},
-		{name: "behind and stopped", state: StateStopped, backlog: 3, commit: now.Add(-time.Minute), want: ptr(60.0)},
-		{name: "behind, commit time unknown", state: StateLive, backlog: 3},
-		{name: "backfilling", state: StateBackfilling, backlog: 10, commit: now.Add(-time.Minute)},
-		{name: "clock skew never negative", state: StateLive, backlog: 1, commit: now.Add(time.Second), want: ptr(0.0)},
+		{name: "caught up", state: engine.StateLive, commit: now.Add(-time.Hour), want: ptr(0.0)},
+		{name: "caught up without commit time", state: engine.StateStopped, want: ptr(0.0)},
+		{name: "behind", state: engine.StateLive, backlog: 3, commit: now.Add(-90 * time.Second), want: ptr(90.0)},
+		{name: "behind and stopped", state: engine.StateStopped, backlog: 3, commit: now.Add(-time.Minute), want: ptr(60.0)},
+		{name: "behind, commit time unknown", state: engine.StateLive, backlog: 3},
+		{name: "backfilling", state: engine.StateBackfilling, backlog: 10, commit: now.Add(-time.Minute)},
+		{name: "clock skew never negative", state: engine.StateLive, backlog: 1, commit: now.Add(time.Second), want: ptr(0.0)},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -97,25 +99,6 @@ func TestBackfillProgress(t *testing.T) {
 	}
 }
 
-func TestLockKeyParts(t *testing.T) {
-	tests := []struct {
-		key            int64
-		classid, objid int64
-	}{
-		{key: 0, classid: 0, objid: 0},
-		{key: 5, classid: 0, objid: 5},
-		{key: 1<<32 | 7, classid: 1, objid: 7},
-		{key: -1, classid: 0xFFFFFFFF, objid: 0xFFFFFFFF},
-		{key: -1 << 63, classid: 0x80000000, objid: 0},
-	}
-	for _, tt := range tests {
-		c, o := lockKeyParts(tt.key)
-		if c != tt.classid || o != tt.objid {
-			t.Errorf("lockKeyParts(%d) = %d, %d; want %d, %d", tt.key, c, o, tt.classid, tt.objid)
-		}
-	}
-}
-
 func TestParseSlotName(t *testing.T) {
 	tests := []struct {
 		slot     string
@@ -160,11 +143,11 @@ func TestStatusReportOutput(t *testing.T) {
 	commit := time.Date(2025, 1, 2, 3, 4, 5, 0, time.UTC)
 	rep := &StatusReport{CheckedAt: commit.Add(time.Minute), SourceWAL: "0/3000000", Events: 10,
 		Projections: []ProjectionStatus{
-			{Projection: "balances", Version: 1, State: StateLive, Node: "n1", LockPID: 42,
+			{Projection: "balances", Version: 1, State: engine.StateLive, Node: "n1", LockPID: 42,
 				Slot:       SlotStatus{Name: "pgscribe_balances_v1", Exists: true, ActivePID: 43},
 				Watermark:  &WatermarkStatus{Phase: "live", LSN: "0/2000000", Position: 10, CommitTime: &commit},
 				LagSeconds: ptr(0.0), LagBytes: ptr(int64(2048)), WALRetainedBytes: ptr(int64(1 << 20)), DeadLetters: 2},
-			{Projection: "audit", Version: 2, State: StateBackfilling, Slot: SlotStatus{Name: "pgscribe_audit_v2"},
+			{Projection: "audit", Version: 2, State: engine.StateBackfilling, Slot: SlotStatus{Name: "pgscribe_audit_v2"},
 				BacklogEvents: 6, Backfill: &BackfillStatus{Total: 10, Done: 4, Percent: 40, ETASeconds: ptr(12.0)},
 				Notes: []string{"a note"}},
 		},

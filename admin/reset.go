@@ -1,4 +1,4 @@
-package engine
+package admin
 
 import (
 	"context"
@@ -12,6 +12,7 @@ import (
 	"github.com/pgscribe/pgscribe/config"
 	"github.com/pgscribe/pgscribe/cursor"
 	"github.com/pgscribe/pgscribe/deadletter"
+	"github.com/pgscribe/pgscribe/event"
 	"github.com/pgscribe/pgscribe/leader"
 	"github.com/pgscribe/pgscribe/replication"
 	"github.com/pgscribe/pgscribe/rules"
@@ -96,7 +97,7 @@ func Reset(ctx context.Context, cfg *config.Config, o ResetOptions, w io.Writer)
 		}
 	}
 	if held == nil {
-		pid, err := lockHolder(ctx, c.target, leader.Key(schema, o.Projection, o.Version))
+		pid, err := leader.Holder(ctx, c.target, schema, o.Projection, o.Version)
 		if err != nil {
 			return err
 		}
@@ -152,10 +153,10 @@ func Reset(ctx context.Context, cfg *config.Config, o ResetOptions, w io.Writer)
 }
 
 // activeError explains which engine holds the lock.
-func activeError(ctx context.Context, q querier, schema string, o ResetOptions, pid int32) error {
+func activeError(ctx context.Context, q event.Querier, schema string, o ResetOptions, pid int32) error {
 	who := "another session"
-	if l, ok, err := loadLease(ctx, q, schema, o.Projection, o.Version); err == nil && ok {
-		who = fmt.Sprintf("node %q", l.node)
+	if l, ok, err := leader.Load(ctx, q, schema, o.Projection, o.Version); err == nil && ok {
+		who = fmt.Sprintf("node %q", l.Node)
 	}
 	if pid != 0 {
 		who += fmt.Sprintf(" (target backend %d)", pid)

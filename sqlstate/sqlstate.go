@@ -1,8 +1,11 @@
-package apply
-
-// This file is pgscribe's one SQLSTATE classifier (DESIGN §5). Every error
-// that reaches a batch commit goes through Classify, which decides between
-// retrying the batch, isolating and dead-lettering events, and halting.
+// Package sqlstate is pgscribe's one classifier of database errors
+// (DESIGN §5) and the retry helper it drives. Every error that reaches a
+// batch commit goes through Classify, which decides between retrying the
+// batch, isolating and dead-lettering events, and halting; the engine's
+// own fenced writes and its session restarts retry through the same
+// Backoff. It imports nothing of pgscribe's, so every stage (source, lock,
+// commit, probe) can use it.
+package sqlstate
 
 import (
 	"context"
@@ -71,7 +74,7 @@ func Classify(err error) Class {
 	if err == nil {
 		return ClassNone
 	}
-	if code := SQLState(err); code != "" {
+	if code := Code(err); code != "" {
 		return classifyCode(code)
 	}
 	if transientConnError(err) {
@@ -130,9 +133,9 @@ func transientConnError(err error) bool {
 	return false
 }
 
-// SQLState returns the SQLSTATE of the first *pgconn.PgError in err's chain,
+// Code returns the SQLSTATE of the first *pgconn.PgError in err's chain,
 // or "" when there is none.
-func SQLState(err error) string {
+func Code(err error) string {
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) {
 		return pgErr.Code
@@ -145,7 +148,7 @@ func SQLState(err error) string {
 // commit dead letter's error_kind. A code this table does not know is
 // returned bare; an error without a SQLSTATE gives "".
 func Describe(err error) string {
-	code := SQLState(err)
+	code := Code(err)
 	if code == "" {
 		return ""
 	}

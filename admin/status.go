@@ -1,9 +1,8 @@
-package engine
+package admin
 
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
 	"strconv"
@@ -12,11 +11,12 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/pgscribe/pgscribe/config"
 	"github.com/pgscribe/pgscribe/cursor"
 	"github.com/pgscribe/pgscribe/deadletter"
+	"github.com/pgscribe/pgscribe/engine"
+	"github.com/pgscribe/pgscribe/event"
 	"github.com/pgscribe/pgscribe/leader"
 	"github.com/pgscribe/pgscribe/migrations"
 )
@@ -75,9 +75,9 @@ type UnconfiguredSlot struct {
 // are null in JSON when the value is unknown or does not apply (no slot, no
 // watermark, not backfilling).
 type ProjectionStatus struct {
-	Projection string `json:"projection"`
-	Version    int64  `json:"version"`
-	State      State  `json:"state"`
+	Projection string       `json:"projection"`
+	Version    int64        `json:"version"`
+	State      engine.State `json:"state"`
 	// Node is the lease's node while its advisory lock is held; LockPID the
 	// target backend that holds it.
 	Node    string `json:"node,omitempty"`
@@ -139,14 +139,6 @@ type BackfillStatus struct {
 	ETASeconds *float64 `json:"eta_seconds"`
 }
 
-// querier is what the operator commands need from a connection or a
-// transaction.
-type querier interface {
-	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
-	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
-	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
-}
-
 // conns are the connections of an operator command: target holds the
 // engine tables, the read models and the advisory locks; source holds the
 // events table, the publication and the slots. source is target when both
@@ -206,58 +198,13 @@ func requireMigrated(ctx context.Context, q migrations.Querier, schema string) e
 	return nil
 }
 
-// lockHolder returns the target backend holding key's advisory lock, 0 when
-// none does. pg_try_advisory_lock(bigint) shows in pg_locks with the key's
-// high 32 bits in classid, its low 32 bits in objid and objsubid 1 (the
-// two-int4 form uses objsubid 2), in the current database.
-func lockHolder(ctx context.Context, q querier, key int64) (int32, error) {
-	hi, lo := lockKeyParts(key)
-	var pid int32
-	err := q.QueryRow(ctx, `SELECT coalesce(min(pid), 0) FROM pg_locks
-WHERE locktype = 'advisory' AND granted AND objsubid = 1
-  AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
-  AND classid = $1::bigint::oid AND objid = $2::bigint::oid`, hi, lo).Scan(&pid)
-	if err != nil {
-		return 0, fmt.Errorf("look up advisory lock: %w", err)
-	}
-	return pid, nil
-}
-
-// lockKeyParts splits a bigint advisory lock key the way pg_locks shows it.
-func lockKeyParts(key int64) (classid, objid int64) {
-	k := uint64(key)
-	return int64(k >> 32), int64(k & 0xFFFFFFFF)
-}
-
-// lease is a projection version's row in the leases table.
-type lease struct {
-	node       string
-	epoch      int64
-	acquired   time.Time
-	haltedAt   *time.Time
-	haltReason *string
-}
-
-func loadLease(ctx context.Context, q querier, schema, projection string, version int64) (lease, bool, error) {
-	var l lease
-	err := q.QueryRow(ctx, `SELECT node, epoch, acquired_at, halted_at, halt_reason FROM `+pgx.Identifier{schema, "leases"}.Sanitize()+
-		` WHERE projection = $1 AND version = $2`, projection, version).Scan(&l.node, &l.epoch, &l.acquired, &l.haltedAt, &l.haltReason)
-	if errors.Is(err, pgx.ErrNoRows) {
-		return lease{}, false, nil
-	}
-	if err != nil {
-		return lease{}, false, fmt.Errorf("load lease: %w", err)
-	}
-	return l, true, nil
-}
-
 // slotRow is what status needs of pg_replication_slots.
 type slotRow struct {
 	SlotStatus
 	lagBytes, retainedBytes *int64
 }
 
-func loadSlots(ctx context.Context, q querier, wal string, names []string) (map[string]slotRow, error) {
+func loadSlots(ctx context.Context, q event.Querier, wal string, names []string) (map[string]slotRow, error) {
 	rows, err := q.Query(ctx, `SELECT slot_name::text, coalesce(active_pid, 0), coalesce(wal_status, ''),
   coalesce(confirmed_flush_lsn::text, ''), coalesce(restart_lsn::text, ''),
   pg_wal_lsn_diff($1::pg_lsn, confirmed_flush_lsn)::bigint, pg_wal_lsn_diff($1::pg_lsn, restart_lsn)::bigint
@@ -302,7 +249,7 @@ func Status(ctx context.Context, cfg *config.Config) (*StatusReport, error) {
   ELSE pg_current_wal_lsn() END::text, now()`).Scan(&rep.SourceWAL, &rep.CheckedAt); err != nil {
 		return nil, fmt.Errorf("read source WAL position: %w", err)
 	}
-	table := pgx.Identifier(strings.Split(cfg.Source.Table, ".")).Sanitize()
+	table := event.Table(cfg.Source.Table).Quoted()
 	if err := c.source.QueryRow(ctx, "SELECT count(*) FROM "+table).Scan(&rep.Events); err != nil {
 		return nil, fmt.Errorf("count events in %s: %w", table, err)
 	}
@@ -334,11 +281,11 @@ func Status(ctx context.Context, cfg *config.Config) (*StatusReport, error) {
 		if err != nil {
 			return nil, err
 		}
-		ls, haveLease, err := loadLease(ctx, c.target, schema, spec.Name, spec.Version)
+		ls, haveLease, err := leader.Load(ctx, c.target, schema, spec.Name, spec.Version)
 		if err != nil {
 			return nil, err
 		}
-		pid, err := lockHolder(ctx, c.target, leader.Key(schema, spec.Name, spec.Version))
+		pid, err := leader.Holder(ctx, c.target, schema, spec.Name, spec.Version)
 		if err != nil {
 			return nil, err
 		}
@@ -348,18 +295,18 @@ func Status(ctx context.Context, cfg *config.Config) (*StatusReport, error) {
 		}
 
 		ps.State = deriveState(pid != 0, haveWM, wm.Phase, slot.ActivePID != 0)
-		if pid != 0 && haveLease && ls.haltedAt != nil {
+		if pid != 0 && haveLease && ls.HaltedAt != nil {
 			// A halted engine keeps the lock and records why (engine.Run).
-			ps.State = StateHalted
-			ps.HaltedAt = ls.haltedAt
-			if ls.haltReason != nil {
-				ps.HaltReason = *ls.haltReason
+			ps.State = engine.StateHalted
+			ps.HaltedAt = ls.HaltedAt
+			if ls.HaltReason != nil {
+				ps.HaltReason = *ls.HaltReason
 			}
 		}
 		if pid != 0 {
 			ps.LockPID = pid
 			if haveLease {
-				ps.Node = ls.node
+				ps.Node = ls.Node
 			}
 		}
 		if haveWM {
@@ -373,10 +320,10 @@ func Status(ctx context.Context, cfg *config.Config) (*StatusReport, error) {
 		ps.DeadLetters = dl.Total
 		ps.BacklogEvents = max(rep.Events-(totals.Applied+totals.Skipped+totals.DeadLettered), 0)
 		ps.LagSeconds = lagSeconds(ps.State, ps.BacklogEvents, wm.CommitTime, rep.CheckedAt)
-		if ps.State == StateBackfilling {
+		if ps.State == engine.StateBackfilling {
 			var started time.Time
 			if haveLease {
-				started = ls.acquired
+				started = ls.Acquired
 			}
 			ps.Backfill = backfillProgress(wm.BackfillTotal, wm.BackfillDone, started, wm.UpdatedAt, rep.CheckedAt)
 		}
@@ -388,7 +335,7 @@ func Status(ctx context.Context, cfg *config.Config) (*StatusReport, error) {
 
 // unconfiguredSlots finds the source database's slots that parseSlotName
 // recognises but that are not among configured.
-func unconfiguredSlots(ctx context.Context, q querier, wal, prefix string, configured []string) ([]UnconfiguredSlot, error) {
+func unconfiguredSlots(ctx context.Context, q event.Querier, wal, prefix string, configured []string) ([]UnconfiguredSlot, error) {
 	rows, err := q.Query(ctx, `SELECT slot_name::text FROM pg_replication_slots
 WHERE database = current_database() AND NOT (slot_name = ANY($1)) ORDER BY slot_name`, configured)
 	if err != nil {
@@ -439,25 +386,25 @@ func parseSlotName(prefix, slot string) (string, int64, bool) {
 }
 
 // deriveState maps what the databases say to a state; see the file comment.
-func deriveState(locked, haveWatermark bool, phase string, streaming bool) State {
+func deriveState(locked, haveWatermark bool, phase string, streaming bool) engine.State {
 	switch {
 	case !locked:
-		return StateStopped
+		return engine.StateStopped
 	case !haveWatermark || phase != cursor.PhaseLive:
-		return StateBackfilling
+		return engine.StateBackfilling
 	case streaming:
-		return StateLive
+		return engine.StateLive
 	default:
-		return StateStarting
+		return engine.StateStarting
 	}
 }
 
 // lagSeconds is 0 when nothing is pending, the age of the watermark's commit
 // when events are, and unknown while backfilling or without a commit time.
-func lagSeconds(state State, backlog int64, commit, now time.Time) *float64 {
+func lagSeconds(state engine.State, backlog int64, commit, now time.Time) *float64 {
 	var s float64
 	switch {
-	case state == StateBackfilling:
+	case state == engine.StateBackfilling:
 		return nil
 	case backlog == 0:
 	case commit.IsZero():
@@ -495,7 +442,7 @@ func statusNotes(ps ProjectionStatus, haveWM bool, wmSlot string, hasCursors boo
 	switch {
 	case ps.Slot.WALStatus == "lost":
 		notes = append(notes, "the slot was invalidated (its WAL is gone): the next run resyncs from a new snapshot; cursors skip what was applied")
-	case !ps.Slot.Exists && hasCursors && ps.State != StateBackfilling:
+	case !ps.Slot.Exists && hasCursors && ps.State != engine.StateBackfilling:
 		notes = append(notes, "the slot is missing: the next run resyncs from a new snapshot; cursors skip what was applied")
 	case !ps.Slot.Exists && !hasCursors && !haveWM:
 		notes = append(notes, "never run: the next run creates the slot and backfills")
@@ -503,10 +450,10 @@ func statusNotes(ps ProjectionStatus, haveWM bool, wmSlot string, hasCursors boo
 	if haveWM && wmSlot != "" && wmSlot != ps.Slot.Name {
 		notes = append(notes, fmt.Sprintf("the watermark belongs to slot %q (slot_prefix changed?): the next run rebuilds", wmSlot))
 	}
-	if ps.State == StateHalted {
+	if ps.State == engine.StateHalted {
 		notes = append(notes, fmt.Sprintf("halted on node %s: %s — fix the cause, then restart pgscribe on that node; nothing of the failing batch was acknowledged", ps.Node, ps.HaltReason))
 	}
-	if ps.State == StateStopped && ps.Slot.Exists {
+	if ps.State == engine.StateStopped && ps.Slot.Exists {
 		notes = append(notes, "nothing runs it, and its slot retains WAL on the source until it runs again (or pgscribe reset drops it)")
 	}
 	return notes
@@ -616,7 +563,7 @@ func formatBytes(b int64) string {
 // width characters wide, for `pgscribe status -watch`.
 func (r *StatusReport) WriteProgress(w io.Writer, width int) error {
 	for _, p := range r.Projections {
-		if p.Backfill == nil || p.State != StateBackfilling {
+		if p.Backfill == nil || p.State != engine.StateBackfilling {
 			continue
 		}
 		if _, err := fmt.Fprintf(w, "%s v%d %s %s\n", p.Projection, p.Version,

@@ -1,8 +1,10 @@
-package engine
+package admin
 
 import (
 	"bytes"
 	"testing"
+
+	"github.com/pgscribe/pgscribe/engine"
 )
 
 func TestProgressBar(t *testing.T) {
@@ -30,8 +32,8 @@ func TestProgressBar(t *testing.T) {
 func TestWriteProgressOnlyBackfilling(t *testing.T) {
 	eta := 12.0
 	r := &StatusReport{Projections: []ProjectionStatus{
-		{Projection: "balances", Version: 1, State: StateBackfilling, Backfill: &BackfillStatus{Total: 200, Done: 50, Percent: 25, ETASeconds: &eta}},
-		{Projection: "activity", Version: 1, State: StateLive, Backfill: &BackfillStatus{Total: 200, Done: 200, Percent: 100}},
+		{Projection: "balances", Version: 1, State: engine.StateBackfilling, Backfill: &BackfillStatus{Total: 200, Done: 50, Percent: 25, ETASeconds: &eta}},
+		{Projection: "activity", Version: 1, State: engine.StateLive, Backfill: &BackfillStatus{Total: 200, Done: 200, Percent: 100}},
 	}}
 	var b bytes.Buffer
 	if err := r.WriteProgress(&b, 8); err != nil {

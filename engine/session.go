@@ -1,0 +1,382 @@
+package engine
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/pgscribe/pgscribe/apply"
+	"github.com/pgscribe/pgscribe/config"
+	"github.com/pgscribe/pgscribe/cursor"
+	"github.com/pgscribe/pgscribe/deadletter"
+	"github.com/pgscribe/pgscribe/event"
+	"github.com/pgscribe/pgscribe/lag"
+	"github.com/pgscribe/pgscribe/leader"
+	"github.com/pgscribe/pgscribe/replication"
+	"github.com/pgscribe/pgscribe/sqlstate"
+)
+
+// session is one active period of a projection: from holding the lock to
+// an error or a stop. Its steps are methods; what they share is here.
+type session struct {
+	*Projection
+	lease *leader.Lease
+	store *cursor.Store
+	src   replication.Source
+
+	pool    *pgxpool.Pool // target: batches, cursors, watermark
+	srcConn *pgx.Conn     // source: slot inspection, then the lag probe's
+
+	retry sqlstate.Policy // [retry]: of batches and of the session's fenced writes
+
+	rebuild     bool        // backfill from a new snapshot before streaming
+	backfilling atomic.Bool // until the backfill's last event committed
+	ledger      *ledger
+	parts       *apply.Partitions
+}
+
+// session runs one active period while lease is held.
+func (p *Projection) session(ctx context.Context, lease *leader.Lease) error {
+	s := &session{Projection: p, lease: lease, store: cursor.New(p.cfg.Engine.Schema, p.spec.Name, p.spec.Version),
+		src: replication.Source{URL: p.cfg.Database.URL, Table: p.cfg.Source.Table, Publication: p.cfg.Source.Publication,
+			Slot: p.slot, Columns: replication.Columns(p.cfg.Source.Columns)},
+		retry: sqlstate.Policy{MaxAttempts: p.cfg.Retry.MaxAttempts, Backoff: p.cfg.Retry.Backoff, MaxBackoff: p.cfg.Retry.MaxBackoff}}
+	return s.run(ctx)
+}
+
+func (s *session) run(ctx context.Context) error {
+	sessCtx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	if err := s.connect(ctx); err != nil {
+		return err
+	}
+	defer s.pool.Close()
+	defer s.srcConn.Close(context.WithoutCancel(ctx))
+	confirmed, err := s.plan(ctx)
+	if err != nil {
+		return err
+	}
+	s.backfilling.Store(s.rebuild)
+	s.ledger = &ledger{tracker: lag.NewTracker(confirmed), store: s.store, slot: s.slot, log: s.log, fenced: s.fenced}
+	s.parts = s.partitions()
+
+	// Workers run on a context that a graceful stop does not cancel: they
+	// finish the in-flight batch, then return when stop closes. Only a hard
+	// stop (p.hard) or a failure of the session cancels them mid-batch.
+	workCtx, cancelWork := context.WithCancel(s.hard)
+	defer cancelWork()
+	stop := make(chan struct{})
+	var stopOnce sync.Once
+	stopWorkers := func() { stopOnce.Do(func() { close(stop) }) }
+	workErr := make(chan error, 1)
+	go func() {
+		err := s.parts.Run(workCtx, stop)
+		if err != nil {
+			cancel() // a failed partition ends the session
+		}
+		workErr <- err
+	}()
+	leaseErr := make(chan error, 1)
+	go func() { leaseErr <- s.lease.Watch(sessCtx, s.cfg.Engine.LeaseTimeout/3) }()
+	go func() {
+		if err := <-leaseErr; err != nil {
+			s.log.Error("lock session lost: stopping this projection on this node", "err", err)
+			cancelWork() // fenced anyway; do not wait for in-flight batches
+			cancel()
+		}
+	}()
+
+	lagDone := make(chan struct{})
+	go func() { defer close(lagDone); s.reportLag(sessCtx) }()
+
+	replConn, err := replication.ConnectReplication(sessCtx, s.cfg.Database.URL)
+	if err == nil {
+		defer replConn.Close(context.WithoutCancel(ctx))
+		err = s.replicate(sessCtx, replConn)
+	}
+	// Shutdown order: stop intake (done: the stream returned), let workers
+	// finish their in-flight batch, then confirm what is durable and record
+	// the watermark, then (in Run) release the lock.
+	stopWorkers()
+	werr := <-workErr
+	cancel()
+	<-lagDone
+	if replConn != nil && !s.backfilling.Load() {
+		s.ledger.confirm(context.WithoutCancel(ctx), replConn)
+	}
+	if werr != nil {
+		return werr
+	}
+	if ctx.Err() != nil {
+		return nil
+	}
+	return err
+}
+
+// connect opens the target pool and the source connection.
+func (s *session) connect(ctx context.Context) error {
+	cfg := s.cfg
+	poolCfg, err := pgxpool.ParseConfig(cfg.TargetURL())
+	if err != nil {
+		return fmt.Errorf("parse target url: %w", err)
+	}
+	poolCfg.MaxConns = int32(cfg.Engine.Parallelism + 2)
+	poolCfg.ConnConfig.RuntimeParams["application_name"] = "pgscribe"
+	// A node frozen inside a batch must not hold the lease row (FOR SHARE)
+	// past its lease: the server ends such a transaction, so a takeover's
+	// epoch bump is never blocked for longer than lease_timeout.
+	poolCfg.ConnConfig.RuntimeParams["idle_in_transaction_session_timeout"] = fmt.Sprint(cfg.Engine.LeaseTimeout.Milliseconds())
+	// The engine's own statements of every batch are prepared when a
+	// connection opens, so that no batch waits for a round trip that
+	// prepares them (pgx prepares a statement before its first pipeline).
+	fenceSQL, _ := s.lease.CheckStatement()
+	prepared := append([]string{"begin", "commit", fenceSQL, deadletter.InsertSQL(cfg.Engine.Schema)}, s.store.Statements()...)
+	poolCfg.AfterConnect = func(ctx context.Context, conn *pgx.Conn) error {
+		for _, sql := range prepared {
+			if _, err := conn.Prepare(ctx, sql, sql); err != nil {
+				return fmt.Errorf("prepare engine statement: %w", err)
+			}
+		}
+		return nil
+	}
+	pool, err := pgxpool.NewWithConfig(ctx, poolCfg)
+	if err != nil {
+		return fmt.Errorf("target pool: %w", err)
+	}
+	srcConn, err := pgx.Connect(ctx, cfg.Database.URL)
+	if err != nil {
+		pool.Close()
+		return fmt.Errorf("connect source: %w", err)
+	}
+	s.pool, s.srcConn = pool, srcConn
+	return nil
+}
+
+// plan decides between resuming from the slot and rebuilding from a new
+// snapshot (s.rebuild), and readies the slot for it: a rebuild drops a
+// stale slot, a resume frees it from a former holder. It returns the
+// slot's confirmed position, where the watermark starts.
+func (s *session) plan(ctx context.Context) (event.LSN, error) {
+	wm, haveWM, err := s.store.LoadWatermark(ctx, s.pool)
+	if err != nil {
+		return 0, err
+	}
+	slot, err := replication.InspectSlot(ctx, s.srcConn, s.slot)
+	if err != nil {
+		return 0, err
+	}
+	hasCursors, err := s.store.HasCursors(ctx, s.pool)
+	if err != nil {
+		return 0, err
+	}
+	s.rebuild = !slot.Exists || slot.Lost() || !haveWM || wm.Phase != "live" || wm.SlotName != s.slot
+	switch {
+	case !s.rebuild:
+		s.log.Info("resuming from slot", "slot", s.slot, "confirmed_lsn", slot.Confirmed.String())
+	case hasCursors && slot.Lost():
+		s.log.Warn("slot was invalidated (WAL lost): resyncing from a new snapshot, per-stream cursors skip what was applied", "slot", s.slot)
+	case hasCursors && !slot.Exists:
+		s.log.Warn("slot is missing: resyncing from a new snapshot, per-stream cursors skip what was applied", "slot", s.slot)
+	case hasCursors:
+		s.log.Info("resuming an interrupted backfill from a new snapshot; per-stream cursors skip what was applied", "slot", s.slot)
+	default:
+		s.log.Info("first start: creating slot and backfilling from its snapshot", "slot", s.slot)
+	}
+	if s.rebuild && slot.Exists {
+		if err := replication.DropSlot(ctx, s.srcConn, s.slot); err != nil {
+			return 0, err
+		}
+	} else if !s.rebuild {
+		// A walsender left by a node that died or froze may still hold the
+		// slot; end it now rather than wait for its TCP timeout. (srcConn is
+		// used by the lag reporter from here on.)
+		if err := replication.TerminateSlotHolder(ctx, s.srcConn, s.slot); err != nil {
+			return 0, fmt.Errorf("free slot: %w", err)
+		}
+	}
+	return slot.Confirmed, nil
+}
+
+// partitions builds the committer and its partitioned workers; committed
+// batches are reported to the ledger.
+func (s *session) partitions() *apply.Partitions {
+	cfg := s.cfg
+	committer := apply.NewCommitter(s.pool, apply.Options{
+		Projection: s.spec.Name, Version: s.spec.Version, Schema: cfg.Engine.Schema,
+		HaltOnError: s.spec.OnError == "halt",
+		MaxAttempts: cfg.Retry.MaxAttempts, Backoff: cfg.Retry.Backoff, MaxBackoff: cfg.Retry.MaxBackoff,
+	}, s.prog, s.lease, s.metrics, s.log)
+	return apply.NewPartitions(committer, apply.PartitionOptions{
+		Count: cfg.Engine.Parallelism, QueueSize: cfg.Engine.QueueSize,
+		BatchSize: func() int {
+			if s.backfilling.Load() {
+				return cfg.Engine.BackfillBatchSize
+			}
+			return cfg.Engine.BatchSize
+		},
+		Linger:    cfg.Engine.BatchTimeout,
+		Committed: func(batch []apply.Input, _ apply.Result) { s.ledger.committed(batch) },
+	})
+}
+
+// replicate backfills when the plan says so, then streams from the slot
+// until ctx ends or the stream fails.
+func (s *session) replicate(ctx context.Context, replConn *pgconn.PgConn) error {
+	sink := &ledgerSink{ledger: s.ledger, parts: s.parts}
+	if s.rebuild {
+		s.setState(StateBackfilling)
+		if err := s.backfill(ctx, replConn, sink); err != nil {
+			return err
+		}
+		s.backfilling.Store(false)
+	}
+	s.setState(StateLive)
+	return replication.Stream(ctx, replConn, s.src, sink, replication.StreamOptions{
+		StatusInterval: s.cfg.Engine.StatusInterval, StallTimeout: s.cfg.Engine.StallTimeout, Logger: s.log,
+	})
+}
+
+// backfill creates the slot with an exported snapshot, applies every event
+// visible in it, and marks the projection live. Crash-safe at any point: a
+// restart finds phase "backfilling" and rebuilds from a new snapshot, and
+// per-stream cursors skip what was applied.
+func (s *session) backfill(ctx context.Context, replConn *pgconn.PgConn, sink *ledgerSink) error {
+	consistent, snapName, err := replication.CreateSlot(ctx, replConn, s.slot)
+	if err != nil {
+		return err
+	}
+	snapConn, err := pgx.Connect(ctx, s.cfg.Database.URL)
+	if err != nil {
+		return fmt.Errorf("connect for snapshot: %w", err)
+	}
+	defer snapConn.Close(context.WithoutCancel(ctx))
+	snap, err := replication.OpenSnapshot(ctx, snapConn, s.src, snapName)
+	if err != nil {
+		return err
+	}
+	defer snap.Close(ctx)
+	// Backfill batches carry no commit time; the snapshot's newest commit
+	// stands for the commit time at the watermark (status's COMMITTED, the
+	// watermark commit timestamp metric), which would stay unknown until a
+	// live event arrived. The snapshot does not change, so it is read
+	// before the batches, and an empty ledger transaction after them sets
+	// it once they are all accounted for.
+	snapTime, err := snapshotCommitTime(ctx, snapConn, s.cfg.Source)
+	if err != nil {
+		s.log.Warn("commit time of the snapshot's newest events unknown", "err", err)
+	}
+	s.log.Info("backfill started", "slot", s.slot, "consistent_lsn", consistent.String(), "events", snap.Total)
+	if err := s.fenced(ctx, func(tx pgx.Tx) error {
+		return s.store.SaveWatermark(ctx, tx, cursor.Watermark{SlotName: s.slot, LSN: consistent, Phase: "backfilling",
+			BackfillTotal: snap.Total})
+	}); err != nil {
+		return err
+	}
+	started := time.Now()
+	lastLog := started
+	var done int64
+	for {
+		evs, err := snap.Next(ctx, s.cfg.Engine.BackfillBatchSize)
+		if err != nil {
+			return err
+		}
+		if len(evs) == 0 {
+			break
+		}
+		// A snapshot batch is one transaction of the ledger, sealed at 0:
+		// it never moves the slot's watermark by itself.
+		tok := sink.Begin(0, time.Time{})
+		for _, ev := range evs {
+			if err := sink.Event(ctx, tok, ev); err != nil {
+				return err
+			}
+		}
+		sink.Commit(tok, 0)
+		done += int64(len(evs))
+		s.metrics.SetBackfill(done, snap.Total)
+		if time.Since(lastLog) >= 5*time.Second {
+			lastLog = time.Now()
+			s.logProgress(done, snap.Total, started)
+			_ = s.fenced(ctx, func(tx pgx.Tx) error {
+				return s.store.SetPhase(ctx, tx, "backfilling", snap.Total, done)
+			})
+		}
+	}
+	if !snapTime.IsZero() {
+		sink.Commit(sink.Begin(0, snapTime), 0)
+	}
+	if err := s.ledger.settle(ctx); err != nil {
+		return err
+	}
+	if err := s.fenced(ctx, func(tx pgx.Tx) error {
+		return s.store.SetPhase(ctx, tx, "live", snap.Total, done)
+	}); err != nil {
+		return err
+	}
+	s.ledger.reached(consistent)
+	el := time.Since(started)
+	s.log.Info("backfill complete", "events", done, "seconds", el.Round(time.Millisecond).Seconds(),
+		"events_per_second", int64(float64(done)/max(el.Seconds(), 1e-9)))
+	return nil
+}
+
+// snapshotCommitTime returns the newest commit time among the last
+// snapshotCommitScan events (by position) that conn sees, zero when
+// track_commit_timestamp is off or the times are gone (rows older than the
+// setting, or frozen). conn is the backfill's snapshot connection: the
+// query runs in its open snapshot transaction. Positions are assigned at
+// insert, not in commit order; the scan covers that reordering.
+func snapshotCommitTime(ctx context.Context, conn *pgx.Conn, src config.Source) (time.Time, error) {
+	table := event.Table(src.Table).Quoted()
+	pos := pgx.Identifier{src.Columns.Position}.Sanitize()
+	var ct *time.Time
+	err := conn.QueryRow(ctx, `SELECT CASE WHEN current_setting('track_commit_timestamp') = 'on' THEN
+  (SELECT max(pg_xact_commit_timestamp(xmin)) FROM (SELECT xmin FROM `+table+` ORDER BY `+pos+` DESC LIMIT $1) AS e) END`,
+		snapshotCommitScan).Scan(&ct)
+	if err != nil || ct == nil {
+		return time.Time{}, err
+	}
+	return *ct, nil
+}
+
+// snapshotCommitScan is how many of the snapshot's newest events
+// snapshotCommitTime reads.
+const snapshotCommitScan = 1000
+
+func (s *session) logProgress(done, total int64, started time.Time) {
+	el := time.Since(started).Seconds()
+	rate := float64(done) / max(el, 1e-9)
+	pct := 100.0
+	if total > 0 {
+		pct = 100 * float64(done) / float64(total)
+	}
+	eta := time.Duration(0)
+	if rate > 0 && total > done {
+		eta = time.Duration(float64(total-done)/rate) * time.Second
+	}
+	s.log.Info("backfill progress", "done", done, "total", total, "percent", fmt.Sprintf("%.1f", pct),
+		"events_per_second", int64(rate), "eta", eta.Round(time.Second).String())
+}
+
+// fenced runs fn in a transaction that verifies the lease epoch first.
+//
+// Transient failures (a killed pooled connection, a server restart) are
+// retried like a batch's ([retry] backoff and max_attempts): one broken
+// connection must not end the session, which would restart a backfill from
+// a new snapshot. fn must be safe to run again.
+func (s *session) fenced(ctx context.Context, fn func(pgx.Tx) error) error {
+	return sqlstate.Retry(ctx, s.retry, s.log, func() error {
+		return pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+			if err := s.lease.Check(ctx, tx); err != nil {
+				return err
+			}
+			return fn(tx)
+		})
+	})
+}
