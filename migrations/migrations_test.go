@@ -12,8 +12,8 @@ func TestMigrationsEmbedded(t *testing.T) {
 		t.Fatalf("Latest() = %d, want at least 1", Latest())
 	}
 	for i, m := range all {
-		if m.version != i+1 {
-			t.Errorf("migration %s has version %d at index %d", m.name, m.version, i)
+		if i > 0 && m.version <= all[i-1].version {
+			t.Errorf("migration %s has version %d after %d", m.name, m.version, all[i-1].version)
 		}
 		sql := strings.ReplaceAll(m.sql, schemaPlaceholder, `"x"`)
 		if strings.Contains(sql, "{{") {
@@ -33,7 +33,9 @@ func TestMigrationsParse(t *testing.T) {
 	}{
 		{"none", fstest.MapFS{}, nil, false},
 		{"two in order", fstest.MapFS{"sql/0002_b.sql": file(ok), "sql/0001_a.sql": file(ok)}, []int{1, 2}, false},
-		{"gap", fstest.MapFS{"sql/0001_a.sql": file(ok), "sql/0003_c.sql": file(ok)}, nil, true},
+		{"gap", fstest.MapFS{"sql/0001_a.sql": file(ok), "sql/0003_c.sql": file(ok)}, []int{1, 3}, false},
+		{"by value, not name", fstest.MapFS{"sql/10_b.sql": file(ok), "sql/9_a.sql": file(ok)}, []int{9, 10}, false},
+		{"same value", fstest.MapFS{"sql/0003_a.sql": file(ok), "sql/3_b.sql": file(ok)}, nil, true},
 		{"duplicate", fstest.MapFS{"sql/0001_a.sql": file(ok), "sql/0001_b.sql": file(ok)}, nil, true},
 		{"no number", fstest.MapFS{"sql/init.sql": file(ok)}, nil, true},
 		{"zero", fstest.MapFS{"sql/0000_a.sql": file(ok)}, nil, true},
@@ -51,6 +53,36 @@ func TestMigrationsParse(t *testing.T) {
 			}
 			if !slices.Equal(got, tt.want) {
 				t.Errorf("versions = %v, want %v", got, tt.want)
+			}
+		})
+	}
+}
+
+func TestMigrationsCurrentWithGaps(t *testing.T) {
+	var knownVersions []int
+	for _, m := range all {
+		knownVersions = append(knownVersions, m.version)
+	}
+	latest := Latest()
+	tests := []struct {
+		name    string
+		applied []int
+		want    int
+	}{
+		{"none", nil, 0},
+		{"all", knownVersions, latest},
+		{"all but the last", knownVersions[:len(knownVersions)-1], knownVersions[len(knownVersions)-2]},
+		{"first missing", knownVersions[1:], 0},
+		{"unknown above", append(slices.Clone(knownVersions), latest+5), latest + 5},
+		{"unknown below latest", []int{1, latest - 1}, latest + 1},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if tt.name == "unknown below latest" && known(latest-1) {
+				t.Skip("every version below latest is known")
+			}
+			if got := currentOf(tt.applied); got != tt.want {
+				t.Errorf("currentOf(%v) = %d, want %d", tt.applied, got, tt.want)
 			}
 		})
 	}
