@@ -16,7 +16,6 @@ import (
 	"github.com/pgscribe/pgscribe/cursor"
 	"github.com/pgscribe/pgscribe/deadletter"
 	"github.com/pgscribe/pgscribe/event"
-	"github.com/pgscribe/pgscribe/lag"
 	"github.com/pgscribe/pgscribe/leader"
 	"github.com/pgscribe/pgscribe/replication"
 	"github.com/pgscribe/pgscribe/sqlstate"
@@ -63,7 +62,7 @@ func (s *session) run(ctx context.Context) error {
 		return err
 	}
 	s.backfilling.Store(s.rebuild)
-	s.ledger = &ledger{tracker: lag.NewTracker(confirmed), store: s.store, slot: s.slot, log: s.log, fenced: s.fenced}
+	s.ledger = newLedger(confirmed, s.store, s.slot, s.log, s.fenced)
 	s.parts = s.partitions()
 
 	// Workers run on a context that a graceful stop does not cancel: they
@@ -94,6 +93,8 @@ func (s *session) run(ctx context.Context) error {
 
 	lagDone := make(chan struct{})
 	go func() { defer close(lagDone); s.reportLag(sessCtx) }()
+	pubDone := make(chan struct{})
+	go func() { defer close(pubDone); s.ledger.publish(sessCtx, s.backfilling.Load) }()
 
 	replConn, err := replication.ConnectReplication(sessCtx, s.cfg.Database.URL)
 	if err == nil {
@@ -107,6 +108,7 @@ func (s *session) run(ctx context.Context) error {
 	werr := <-workErr
 	cancel()
 	<-lagDone
+	<-pubDone
 	if replConn != nil && !s.backfilling.Load() {
 		s.ledger.confirm(context.WithoutCancel(ctx), replConn)
 	}
