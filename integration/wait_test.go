@@ -1,7 +1,6 @@
 package integration
 
 import (
-	"bytes"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -24,8 +23,8 @@ import (
 
 // Reading your own writes (issue 17): the SQL wait functions, the progress
 // view and `pgscribe wait`, against real engines. This file keeps its own
-// small helpers (prefixed wt) and uses only newDatabase and pgscribeBinary
-// of the package's.
+// small helpers (prefixed wt) and uses only newDatabase, pgscribeBinary,
+// runCLI, cliResult and cliCommand of the package's.
 
 // wtProjection applies NoteAdded events to notes (the row's at is the
 // event's stream position, so a stale read shows), dead-letters Bad
@@ -135,47 +134,10 @@ func (e *wtEnv) scan(sql string, args []any, dest ...any) {
 	}
 }
 
-type wtResult struct {
-	stdout, stderr string
-	code           int
-}
-
-func (r wtResult) String() string {
-	return fmt.Sprintf("exit %d\nstdout:\n%s\nstderr:\n%s", r.code, r.stdout, r.stderr)
-}
-
 // cli runs a pgscribe command to completion.
-func (e *wtEnv) cli(args ...string) wtResult {
+func (e *wtEnv) cli(args ...string) cliResult {
 	e.t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	cmd := exec.CommandContext(ctx, e.bin, args...)
-	cmd.Env = wtEnviron()
-	var stdout, stderr bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &stdout, &stderr
-	err := cmd.Run()
-	r := wtResult{stdout: stdout.String(), stderr: stderr.String()}
-	var ee *exec.ExitError
-	switch {
-	case err == nil:
-	case errors.As(err, &ee) && ee.Exited():
-		r.code = ee.ExitCode()
-	default:
-		e.t.Fatalf("pgscribe %s: %v\n%s", strings.Join(args, " "), err, r)
-	}
-	return r
-}
-
-// wtEnviron is the environment without variables that would override the
-// test's configuration.
-func wtEnviron() []string {
-	var env []string
-	for _, kv := range os.Environ() {
-		if !strings.HasPrefix(kv, "PGSCRIBE_DATABASE_URL=") && !strings.HasPrefix(kv, "PGSCRIBE_CONFIG=") {
-			env = append(env, kv)
-		}
-	}
-	return env
+	return runCLI(e.t, e.bin, args...)
 }
 
 // wtNode is a running `pgscribe run`.
@@ -192,8 +154,7 @@ func (e *wtEnv) start(node string) *wtNode {
 	if err != nil {
 		e.t.Fatal(err)
 	}
-	cmd := exec.Command(e.bin, "run", "-config", e.config(node))
-	cmd.Env = wtEnviron()
+	cmd := cliCommand(context.Background(), e.bin, "run", "-config", e.config(node))
 	cmd.Stdout, cmd.Stderr = f, f
 	if err := cmd.Start(); err != nil {
 		f.Close()
