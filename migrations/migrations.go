@@ -126,6 +126,16 @@ func Latest() int {
 	return all[len(all)-1].version
 }
 
+// Versions returns the versions this binary knows, in order. They may
+// have gaps, so Latest is not their count.
+func Versions() []int {
+	vs := make([]int, len(all))
+	for i, m := range all {
+		vs[i] = m.version
+	}
+	return vs
+}
+
 // known reports whether this binary has a migration of version v.
 func known(v int) bool {
 	_, found := slices.BinarySearchFunc(all, v, func(m migration, v int) int { return m.version - v })

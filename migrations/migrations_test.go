@@ -59,10 +59,7 @@ func TestMigrationsParse(t *testing.T) {
 }
 
 func TestMigrationsCurrentWithGaps(t *testing.T) {
-	var knownVersions []int
-	for _, m := range all {
-		knownVersions = append(knownVersions, m.version)
-	}
+	knownVersions := Versions()
 	latest := Latest()
 	tests := []struct {
 		name    string
