@@ -284,8 +284,21 @@ func (s *Store) LoadWatermark(ctx context.Context, q event.Querier) (Watermark, 
 // the stored value (Phase defaults to backfilling on the first save), and so
 // does a zero BackfillTotal or BackfillDone; SetPhase sets all three exactly.
 func (s *Store) SaveWatermark(ctx context.Context, q event.Querier, w Watermark) error {
-	if err := checkPhase(w.Phase, true); err != nil {
+	sql, args, err := s.SaveWatermarkStatement(w)
+	if err != nil {
+		return err
+	}
+	if _, err := q.Exec(ctx, sql, args...); err != nil {
 		return fmt.Errorf("save watermark: %w", err)
+	}
+	return nil
+}
+
+// SaveWatermarkStatement is SaveWatermark as a statement and its
+// arguments, for a caller that pipelines it.
+func (s *Store) SaveWatermarkStatement(w Watermark) (string, []any, error) {
+	if err := checkPhase(w.Phase, true); err != nil {
+		return "", nil, fmt.Errorf("save watermark: %w", err)
 	}
 	var commit, measured *time.Time
 	if !w.CommitTime.IsZero() {
@@ -299,12 +312,9 @@ func (s *Store) SaveWatermark(ctx context.Context, q event.Querier, w Watermark)
 			backlog = &w.Backlog
 		}
 	}
-	if _, err := q.Exec(ctx, s.saveWatermarkSQL, s.projection, s.version,
+	return s.saveWatermarkSQL, []any{s.projection, s.version,
 		w.SlotName, w.LSN.String(), w.Position, commit, w.Phase, w.BackfillTotal, w.BackfillDone,
-		measured, lagSeconds, backlog); err != nil {
-		return fmt.Errorf("save watermark: %w", err)
-	}
-	return nil
+		measured, lagSeconds, backlog}, nil
 }
 
 // SetPhase records the phase and the backfill progress (total events to read

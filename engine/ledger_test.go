@@ -7,9 +7,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 
 	"github.com/pgscribe/pgscribe/apply"
+	"github.com/pgscribe/pgscribe/cursor"
 	"github.com/pgscribe/pgscribe/event"
 	"github.com/pgscribe/pgscribe/lag"
 )
@@ -61,11 +61,11 @@ var testTime = time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
 // saves every measurement.
 func TestLedgerPublish(t *testing.T) {
 	saves := make(chan struct{}, 100)
-	fenced := func(context.Context, func(pgx.Tx) error) error {
+	fenced := func(context.Context, ...statement) error {
 		saves <- struct{}{}
 		return nil
 	}
-	l := newLedger(10, nil, "slot", slog.New(slog.DiscardHandler), fenced)
+	l := newLedger(10, cursor.New("pgscribe", "p", 1), "slot", slog.New(slog.DiscardHandler), fenced)
 	var backfilling atomic.Bool
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
