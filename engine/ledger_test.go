@@ -7,7 +7,6 @@ import (
 	"testing"
 	"time"
 
-
 	"github.com/pgscribe/pgscribe/apply"
 	"github.com/pgscribe/pgscribe/cursor"
 	"github.com/pgscribe/pgscribe/event"
