@@ -19,6 +19,9 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/pgscribe/pgscribe/leader"
+	"github.com/pgscribe/pgscribe/migrations"
 )
 
 // Reading your own writes (issue 17): the SQL wait functions, the progress
@@ -570,5 +573,38 @@ func TestWaitAcrossFailover(t *testing.T) {
 	e.scan("SELECT node FROM pgscribe.leases WHERE projection = 'notes' AND version = 1", nil, &node)
 	if at != 2 || node != other {
 		t.Errorf("after the failover: row at %d, active node %s; want 2, %s", at, node, other)
+	}
+}
+
+// The progress view finds a version's advisory lock with lock_key, which
+// must be leader.Key to the bit, for any schema, projection and version.
+func TestWaitLockKeyMatchesLeader(t *testing.T) {
+	dsn := newDatabase(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	conn, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(context.Background())
+	if _, err := migrations.Apply(ctx, conn, "pgscribe"); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		schema, projection string
+		version            int64
+	}{
+		{"pgscribe", "balances", 1},
+		{"Pg Scribe", `odd "name"`, 12345678901},
+		{"s", "ünïcode", 7},
+		{"", "", 0},
+	} {
+		var got int64
+		if err := conn.QueryRow(ctx, "SELECT pgscribe.lock_key($1, $2, $3)", c.schema, c.projection, c.version).Scan(&got); err != nil {
+			t.Fatal(err)
+		}
+		if want := leader.Key(c.schema, c.projection, c.version); got != want {
+			t.Errorf("lock_key(%q, %q, %d) = %d, leader.Key = %d", c.schema, c.projection, c.version, got, want)
+		}
 	}
 }
