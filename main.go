@@ -84,6 +84,12 @@ Usage:
       Remove a version that no longer serves: its slot, cursors, watermark,
       dead letters and lease, and with -drop-schema its schema. Refused for
       the served version and while an engine runs the version.
+  pgscribe wait -projection NAME -version N (-caught-up | -lsn LSN | -stream ID -position P)
+                [-config FILE] [-timeout 30s]
+      Wait until the projection version has accounted for every source
+      transaction committed before the command started (-caught-up) or at
+      or before LSN, or for that event of a stream; a progress line every
+      second on stderr. Exit 0 when reached, 1 on timeout.
   pgscribe version
   pgscribe help
 
@@ -329,6 +335,37 @@ func run(args []string, stdout, stderr io.Writer) error {
 		ctx, stop := signalContext()
 		defer stop()
 		return admin.Retire(ctx, cfg, o, stdout)
+	case "wait":
+		var o admin.WaitOptions
+		fs.StringVar(&o.Projection, "projection", "", "projection `name` (required)")
+		fs.Int64Var(&o.Version, "version", 0, "projection `version` (required)")
+		fs.BoolVar(&o.CaughtUp, "caught-up", false, "wait for every transaction committed before the command started")
+		fs.StringVar(&o.LSN, "lsn", "", "wait for every transaction committed at or before this source `LSN`")
+		fs.StringVar(&o.Stream, "stream", "", "wait for an event of this stream `id` (with -position)")
+		fs.Int64Var(&o.Position, "position", 0, "the event's stream `position` (with -stream)")
+		fs.DurationVar(&o.Timeout, "timeout", 30*time.Second, "give up after this long (exit 1)")
+		if err := parse(fs, rest); err != nil {
+			return err
+		}
+		position := false // stream positions may start at 0: was it given?
+		fs.Visit(func(f *flag.Flag) { position = position || f.Name == "position" })
+		modes := 0
+		for _, set := range []bool{o.CaughtUp, o.LSN != "", o.Stream != ""} {
+			if set {
+				modes++
+			}
+		}
+		if o.Projection == "" || o.Version < 1 || modes != 1 || (o.Stream != "") != position || o.Timeout <= 0 {
+			return usageErr("wait needs -projection NAME, -version N, one of -caught-up, -lsn LSN or -stream ID -position P, and a positive -timeout")
+		}
+		cfg, _, err := loadConfig(*configPath, stderr, true)
+		if err != nil {
+			return err
+		}
+		ctx, stop := signalContext()
+		defer stop()
+		o.Progress = stderr
+		return admin.Wait(ctx, cfg, o, stdout)
 	default:
 		// The error alone, not the usage: 38 lines on stderr scroll it away.
 		return usageErr("unknown command %q (run 'pgscribe help' for usage)", cmd)

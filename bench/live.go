@@ -50,6 +50,11 @@ func (b *bench) live(ctx context.Context) error {
 	if w.Statements, err = b.topStatements(ctx, db); err != nil {
 		return err
 	}
+	if o.w4Wait {
+		if err := b.waitStep(ctx, w, lv, o.w4Rates[0]); err != nil {
+			return fmt.Errorf("wait step: %w", err)
+		}
+	}
 	if o.w4Paired {
 		if err := b.pairedSteps(ctx, w, lv, cfg); err != nil {
 			return err

@@ -36,6 +36,7 @@ type options struct {
 	loopEvents                   int64
 	w4Seconds                    float64
 	w4Paired                     bool
+	w4Wait                       bool
 	w4Rates                      []int
 	w4Producers                  int
 	w4Tick                       time.Duration
@@ -84,6 +85,7 @@ func parseFlags(args []string) (options, error) {
 	fs.Int64Var(&o.active, "active-streams", 1_000, "streams whose events interleave at a time in position order")
 	fs.Int64Var(&o.loopEvents, "loop-events", 20_000, "events of the per-event loop's slice (before -scale)")
 	fs.BoolVar(&o.w4Paired, "w4-paired", true, "after W4's steps, run its rates again with a consumer that only receives attached, to split each event's latency into PostgreSQL's delivery and pgscribe's share")
+	fs.BoolVar(&o.w4Wait, "w4-wait", false, "after W4's steps, one more at its first rate with read-your-writes waiters (wait_for_stream, wait_for_lsn), then the CPU of 50 idle waiters (bench/wait.go)")
 	fs.Float64Var(&o.w4Seconds, "w4-seconds", 60, "seconds of each W4 load step (before -scale)")
 	rates := fs.String("w4-rates", "1000,5000,10000", "W4 producer rates, events/s")
 	fs.IntVar(&o.w4Producers, "w4-producers", 4, "W4 producer connections (each commits every -w4-tick)")

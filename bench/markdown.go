@@ -121,6 +121,9 @@ func (r *Results) markdown() string {
 			}
 			p("")
 		}
+		if w.Wait != nil {
+			w.Wait.markdown(p)
+		}
 		if len(w.Statements) > 0 {
 			p("PostgreSQL's heaviest statements during the engine run (pg_stat_statements, execution time only: " +
 				"parse, bind and commit are not in it; the bench's 100 ms poll of `pgscribe.cursors` is one of them):")

@@ -58,6 +58,7 @@ type Workload struct {
 	Floor           []LatencyRow `json:"decode_floor,omitempty"` // W4's reference: logical decoding alone
 	Checks          []Check      `json:"checks,omitempty"`
 	Statements      []Statement  `json:"statements,omitempty"`
+	Wait            *WaitFigures `json:"wait,omitempty"` // W4 with -w4-wait (bench/wait.go)
 }
 
 // Statement is one line of pg_stat_statements over an engine run.

@@ -56,6 +56,13 @@ type Watermark struct {
 	BackfillTotal int64 // events the backfill snapshot holds
 	BackfillDone  int64 // events backfilled so far
 	UpdatedAt     time.Time
+	// MeasuredAt, LagSeconds and Backlog are the active engine's last lag
+	// measurement (pgscribe_lag_seconds, pgscribe_backlog_events), which
+	// the progress view shows. A save with a zero MeasuredAt keeps the
+	// stored ones; a negative Backlog stores NULL (unknown).
+	MeasuredAt time.Time
+	LagSeconds float64
+	Backlog    int64
 }
 
 // Totals sums a projection version's cursors. Adopted counts the events a
@@ -135,9 +142,10 @@ FROM ` + watermarks + " WHERE " + this,
 		// An empty slot name or phase and zero backfill counts keep the
 		// stored values, so a live save does not wipe backfill progress.
 		saveWatermarkSQL: "INSERT INTO " + watermarks + ` AS w
-  (projection, version, slot_name, lsn, position, commit_time, phase, backfill_total, backfill_done)
+  (projection, version, slot_name, lsn, position, commit_time, phase, backfill_total, backfill_done,
+   measured_at, lag_seconds, backlog_events)
 VALUES ($1, $2, NULLIF($3, ''), $4::pg_lsn, $5, $6, coalesce(NULLIF($7, ''), 'backfilling'),
-  NULLIF($8::bigint, 0), NULLIF($9::bigint, 0))
+  NULLIF($8::bigint, 0), NULLIF($9::bigint, 0), $10::timestamptz, $11::float8, $12::bigint)
 ON CONFLICT (projection, version) DO UPDATE SET
   slot_name      = coalesce(excluded.slot_name, w.slot_name),
   lsn            = GREATEST(w.lsn, excluded.lsn),
@@ -146,6 +154,9 @@ ON CONFLICT (projection, version) DO UPDATE SET
   phase          = coalesce(NULLIF($7, ''), w.phase),
   backfill_total = coalesce(excluded.backfill_total, w.backfill_total),
   backfill_done  = coalesce(excluded.backfill_done, w.backfill_done),
+  measured_at    = coalesce(excluded.measured_at, w.measured_at),
+  lag_seconds    = CASE WHEN excluded.measured_at IS NULL THEN w.lag_seconds ELSE excluded.lag_seconds END,
+  backlog_events = CASE WHEN excluded.measured_at IS NULL THEN w.backlog_events ELSE excluded.backlog_events END,
   updated_at     = now()`,
 
 		setPhaseSQL: "INSERT INTO " + watermarks + ` AS w
@@ -293,18 +304,37 @@ func (s *Store) LoadWatermark(ctx context.Context, q event.Querier) (Watermark, 
 // the stored value (Phase defaults to backfilling on the first save), and so
 // does a zero BackfillTotal or BackfillDone; SetPhase sets all three exactly.
 func (s *Store) SaveWatermark(ctx context.Context, q event.Querier, w Watermark) error {
-	if err := checkPhase(w.Phase, true); err != nil {
-		return fmt.Errorf("save watermark: %w", err)
+	sql, args, err := s.SaveWatermarkStatement(w)
+	if err != nil {
+		return err
 	}
-	var commit *time.Time
-	if !w.CommitTime.IsZero() {
-		commit = &w.CommitTime
-	}
-	if _, err := q.Exec(ctx, s.saveWatermarkSQL, s.projection, s.version,
-		w.SlotName, w.LSN.String(), w.Position, commit, w.Phase, w.BackfillTotal, w.BackfillDone); err != nil {
+	if _, err := q.Exec(ctx, sql, args...); err != nil {
 		return fmt.Errorf("save watermark: %w", err)
 	}
 	return nil
+}
+
+// SaveWatermarkStatement is SaveWatermark as a statement and its
+// arguments, for a caller that pipelines it.
+func (s *Store) SaveWatermarkStatement(w Watermark) (string, []any, error) {
+	if err := checkPhase(w.Phase, true); err != nil {
+		return "", nil, fmt.Errorf("save watermark: %w", err)
+	}
+	var commit, measured *time.Time
+	if !w.CommitTime.IsZero() {
+		commit = &w.CommitTime
+	}
+	var lagSeconds *float64
+	var backlog *int64
+	if !w.MeasuredAt.IsZero() {
+		measured, lagSeconds = &w.MeasuredAt, &w.LagSeconds
+		if w.Backlog >= 0 {
+			backlog = &w.Backlog
+		}
+	}
+	return s.saveWatermarkSQL, []any{s.projection, s.version,
+		w.SlotName, w.LSN.String(), w.Position, commit, w.Phase, w.BackfillTotal, w.BackfillDone,
+		measured, lagSeconds, backlog}, nil
 }
 
 // SetPhase records the phase and the backfill progress (total events to read

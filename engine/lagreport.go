@@ -43,13 +43,13 @@ func (s *session) reportLag(ctx context.Context) {
 		if oldest, ok := tracker.Oldest(); ok {
 			local.Oldest = oldest
 		}
-		// Readiness and the stored watermark first: they must not wait for
-		// a slow probe (the first one counts the whole events table).
+		// Readiness first: it must not wait for a slow probe (the first
+		// one counts the whole events table). The ledger saves the
+		// watermark on its own as it moves, and with each measurement.
 		s.caught.Store(idle && !local.Backfilling)
-		if !local.Backfilling && lsn > 0 {
-			s.ledger.save(ctx)
+		if r, _ := probe.Tick(ctx, local); ctx.Err() == nil {
+			s.ledger.measured(r, time.Now())
 		}
-		_, _ = probe.Tick(ctx, local)
 		select {
 		case <-ctx.Done():
 			return

@@ -30,6 +30,20 @@ type Tracker struct {
 	wmTime    time.Time
 	wmPos     int64
 	idle      chan struct{} // closed when nothing is pending; replaced when work arrives
+	// gen counts the transactions with events the watermark has passed,
+	// so that a reader can tell an advance over applied events from one
+	// to an idle WAL end.
+	gen uint64
+	// hints are WAL ends the server reported (AdvanceAfter), each valid
+	// once every transaction registered before it is done: hints[0] is
+	// the oldest pending one, hints[1] the newest (later ones replace it).
+	hints [2]hint
+	moved func() // called (without mu) when the watermark moved; may be nil
+}
+
+type hint struct {
+	lsn      event.LSN
+	boundary uint64 // every token below it must be done
 }
 
 type txn struct {
@@ -37,6 +51,7 @@ type txn struct {
 	commitTime time.Time
 	maxPos     int64 // highest event position registered
 	pending    int
+	events     bool // had an event
 	sealed     bool
 }
 
@@ -76,10 +91,16 @@ func (t *Tracker) Add(tok uint64, pos int64) {
 	t.mu.Lock()
 	if x := t.txns[tok]; x != nil {
 		x.pending++
+		x.events = true
 		x.maxPos = max(x.maxPos, pos)
 	}
 	t.mu.Unlock()
 }
+
+// OnMove sets fn to be called, outside the tracker's lock, each time the
+// watermark moves (from the goroutine that moved it; fn must not block).
+// Set it before any use.
+func (t *Tracker) OnMove(fn func()) { t.moved = fn }
 
 // Seal marks the transaction complete: all its events were registered and
 // endLSN is where the slot may be confirmed to once they are applied.
@@ -89,8 +110,9 @@ func (t *Tracker) Seal(tok uint64, endLSN event.LSN) {
 		x.sealed = true
 		x.endLSN = endLSN
 	}
-	t.advance()
+	moved := t.advance()
 	t.mu.Unlock()
+	t.notify(moved)
 }
 
 // Done reports n events of the transaction as durably accounted for.
@@ -99,12 +121,21 @@ func (t *Tracker) Done(tok uint64, n int) {
 	if x := t.txns[tok]; x != nil {
 		x.pending -= n
 	}
-	t.advance()
+	moved := t.advance()
 	t.mu.Unlock()
+	t.notify(moved)
 }
 
-// advance moves the watermark over the complete prefix. Caller holds mu.
-func (t *Tracker) advance() {
+func (t *Tracker) notify(moved bool) {
+	if moved && t.moved != nil {
+		t.moved()
+	}
+}
+
+// advance moves the watermark over the complete prefix, then over the
+// hints that became valid, and reports whether it moved. Caller holds mu.
+func (t *Tracker) advance() (moved bool) {
+	before := t.watermark
 	for t.head < len(t.order) {
 		tok := t.order[t.head]
 		x := t.txns[tok]
@@ -118,8 +149,15 @@ func (t *Tracker) advance() {
 			t.wmTime = x.commitTime
 		}
 		t.wmPos = max(t.wmPos, x.maxPos)
+		if x.events {
+			t.gen++
+		}
 		delete(t.txns, tok)
 		t.head++
+	}
+	for t.hints[0].lsn != 0 && (t.head == len(t.order) || t.order[t.head] >= t.hints[0].boundary) {
+		t.watermark = max(t.watermark, t.hints[0].lsn)
+		t.hints[0], t.hints[1] = t.hints[1], hint{}
 	}
 	if t.head > 1024 && t.head*2 > len(t.order) {
 		t.order = append(t.order[:0:0], t.order[t.head:]...)
@@ -132,6 +170,7 @@ func (t *Tracker) advance() {
 			close(t.idle)
 		}
 	}
+	return t.watermark != before
 }
 
 // Watermark returns the contiguous watermark, the commit time of the last
@@ -140,6 +179,15 @@ func (t *Tracker) Watermark() (lsn event.LSN, commitTime time.Time, idle bool) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	return t.watermark, t.wmTime, t.head == len(t.order)
+}
+
+// Progress returns the contiguous watermark and how many transactions
+// with events it has passed: a reader that sees the watermark move with
+// the count unchanged knows it moved only to an idle WAL end.
+func (t *Tracker) Progress() (lsn event.LSN, txns uint64) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.watermark, t.gen
 }
 
 // Position returns the highest events position among the events of the
@@ -198,10 +246,36 @@ func (t *Tracker) WaitIdle(ctx context.Context) error {
 // confirmation from the server's WAL end). It reports whether it did.
 func (t *Tracker) Advance(lsn event.LSN) bool {
 	t.mu.Lock()
-	defer t.mu.Unlock()
 	if t.head != len(t.order) || lsn <= t.watermark {
+		t.mu.Unlock()
 		return false
 	}
 	t.watermark = lsn
+	t.mu.Unlock()
+	t.notify(true)
 	return true
+}
+
+// AdvanceAfter raises the watermark to lsn as soon as every transaction
+// registered so far is done: at once when nothing is in flight, else when
+// the last of them is. lsn is a WAL end the server reported (a keepalive)
+// after sending every transaction registered so far, so nothing below it
+// is missing once those are applied. Unlike Advance, a keepalive that
+// arrives while the last batch is still committing is not lost: under a
+// steady load the watermark still reaches the server's WAL end.
+func (t *Tracker) AdvanceAfter(lsn event.LSN) {
+	t.mu.Lock()
+	if lsn <= t.watermark || lsn <= t.hints[0].lsn || lsn <= t.hints[1].lsn {
+		t.mu.Unlock()
+		return
+	}
+	h := hint{lsn: lsn, boundary: t.next}
+	if t.hints[0].lsn == 0 {
+		t.hints[0] = h
+	} else {
+		t.hints[1] = h
+	}
+	moved := t.advance()
+	t.mu.Unlock()
+	t.notify(moved)
 }

@@ -107,3 +107,53 @@ func TestTrackerWaitIdleConcurrent(t *testing.T) {
 		t.Fatalf("watermark = %v idle=%v", wm, idle)
 	}
 }
+
+func TestTrackerAdvanceAfter(t *testing.T) {
+	tr := NewTracker(10)
+	moves := 0
+	tr.OnMove(func() { moves++ })
+
+	tr.AdvanceAfter(20) // nothing in flight: at once
+	if wm, n := tr.Progress(); wm != 20 || n != 0 || moves != 1 {
+		t.Fatalf("idle hint: watermark %v, %d txns, %d moves; want 20, 0, 1", wm, n, moves)
+	}
+
+	a := tr.Begin(time.Now())
+	tr.Add(a, 1)
+	tr.Seal(a, 30)
+	tr.AdvanceAfter(40) // the server sent a, then reported 40: valid once a is done
+	b := tr.Begin(time.Now())
+	tr.Add(b, 2)
+	tr.Seal(b, 50)
+	tr.AdvanceAfter(60) // valid once b is done
+	tr.AdvanceAfter(35) // older than a pending hint: ignored
+	if wm, _ := tr.Progress(); wm != 20 {
+		t.Fatalf("watermark %v passed in-flight transactions", wm)
+	}
+	tr.Done(b, 1) // b before a: still blocked by a
+	if wm, _ := tr.Progress(); wm != 20 {
+		t.Fatalf("watermark %v passed a", wm)
+	}
+	tr.Done(a, 1)
+	if wm, n := tr.Progress(); wm != 60 || n != 2 {
+		t.Fatalf("watermark %v after %d txns, want 60 after 2", wm, n)
+	}
+
+	// A hint while c is in flight applies when c is done, even though a
+	// later transaction d is still in flight: d was registered after it.
+	c := tr.Begin(time.Now())
+	tr.Add(c, 3)
+	tr.Seal(c, 70)
+	tr.AdvanceAfter(80)
+	d := tr.Begin(time.Now())
+	tr.Add(d, 4)
+	tr.Done(c, 1)
+	if wm, _ := tr.Progress(); wm != 80 {
+		t.Fatalf("watermark %v, want 80 (c done, hint after c)", wm)
+	}
+	tr.Seal(d, 90)
+	tr.Done(d, 1)
+	if wm, n := tr.Progress(); wm != 90 || n != 4 {
+		t.Fatalf("watermark %v after %d txns, want 90 after 4", wm, n)
+	}
+}

@@ -22,6 +22,7 @@ import (
 	"fmt"
 	"io/fs"
 	"path"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -80,11 +81,10 @@ func mustParse(fsys fs.FS) []migration {
 	return ms
 }
 
-// parse reads sql/NNNN_name.sql files and checks that versions increase
-// without duplicates. Gaps are allowed, so that work on separate branches
-// can take numbers apart (0003, 0010, 0020) without renumbering on merge;
-// a database records each version it applied, so a version merged below
-// one already applied still runs.
+// parse reads sql/NNNN_name.sql files and checks that versions are
+// positive and unique. Gaps are allowed, so that work on separate branches
+// can take numbers apart (0003, 0010, 0020) and merge without renumbering;
+// Apply runs every missing version, in version order.
 func parse(fsys fs.FS) ([]migration, error) {
 	names, err := fs.Glob(fsys, "sql/*.sql")
 	if err != nil {
@@ -98,8 +98,12 @@ func parse(fsys fs.FS) ([]migration, error) {
 		if !ok || err != nil || v <= 0 {
 			return nil, fmt.Errorf("migration %s: name must be NNNN_description.sql", name)
 		}
-		if len(ms) > 0 && v <= ms[len(ms)-1].version {
-			return nil, fmt.Errorf("migration %s: version %d duplicates or precedes %s", name, v, ms[len(ms)-1].name)
+		// fs.Glob sorts by name, and the number's width varies ("10_" sorts
+		// before "9_"): compare by value and sort below.
+		for _, m := range ms {
+			if m.version == v {
+				return nil, fmt.Errorf("migration %s: version %d already used by %s", name, v, m.name)
+			}
 		}
 		b, err := fs.ReadFile(fsys, name)
 		if err != nil {
@@ -110,16 +114,8 @@ func parse(fsys fs.FS) ([]migration, error) {
 		}
 		ms = append(ms, migration{version: v, name: base, sql: string(b)})
 	}
+	slices.SortFunc(ms, func(a, b migration) int { return a.version - b.version })
 	return ms, nil
-}
-
-// Versions lists the engine schema versions this binary knows, in order.
-func Versions() []int {
-	vs := make([]int, len(all))
-	for i, m := range all {
-		vs[i] = m.version
-	}
-	return vs
 }
 
 // Latest is the newest engine schema version this binary knows.
@@ -128,6 +124,22 @@ func Latest() int {
 		return 0
 	}
 	return all[len(all)-1].version
+}
+
+// Versions returns the versions this binary knows, in order. They may
+// have gaps, so Latest is not their count.
+func Versions() []int {
+	vs := make([]int, len(all))
+	for i, m := range all {
+		vs[i] = m.version
+	}
+	return vs
+}
+
+// known reports whether this binary has a migration of version v.
+func known(v int) bool {
+	_, found := slices.BinarySearchFunc(all, v, func(m migration, v int) int { return m.version - v })
+	return found
 }
 
 // Apply brings the engine schema on the target database to Latest and returns
@@ -164,9 +176,11 @@ func Apply(ctx context.Context, conn *pgx.Conn, schema string) (applied []int, e
 		if err != nil {
 			return err
 		}
+		// With gaps, "newer" is any applied version this binary lacks,
+		// not only one above Latest.
 		for v := range done {
-			if v > Latest() {
-				return fmt.Errorf("migrate %s: database at version %d, this binary knows up to %d: %w",
+			if !known(v) {
+				return fmt.Errorf("migrate %s: database has version %d, which this binary does not know (it knows up to %d): %w",
 					ident, v, Latest(), ErrSchemaTooNew)
 			}
 		}
@@ -206,8 +220,14 @@ func appliedVersions(ctx context.Context, tx pgx.Tx, table string) (map[int]bool
 	return done, nil
 }
 
-// Current returns the highest applied engine schema version, or 0 when the
-// schema or its schema_migrations table does not exist. It takes no lock.
+// Current returns the engine schema's version as this binary sees it, or 0
+// when the schema or its schema_migrations table does not exist. It takes
+// no lock. Versions may have gaps, so a schema whose highest version is
+// Latest can still miss a lower one (migrated by a binary that lacked it):
+// Current is then the version below the first missing one, which callers
+// see as "behind, run migrate". A version this binary does not know makes
+// Current the highest applied version, or Latest()+1 when that is lower,
+// which callers see as "newer than this binary".
 func Current(ctx context.Context, q Querier, schema string) (version int, err error) {
 	table := pgx.Identifier{schema, "schema_migrations"}.Sanitize()
 	var exists bool
@@ -219,10 +239,31 @@ func Current(ctx context.Context, q Querier, schema string) (version int, err er
 	if !exists {
 		return 0, nil
 	}
-	if err := q.QueryRow(ctx, "SELECT coalesce(max(version), 0) FROM "+table).Scan(&version); err != nil {
+	var applied []int
+	if err := q.QueryRow(ctx, "SELECT coalesce(array_agg(version ORDER BY version), '{}') FROM "+table).Scan(&applied); err != nil {
 		return 0, fmt.Errorf("engine schema version: %w", err)
 	}
-	return version, nil
+	return currentOf(applied), nil
+}
+
+// currentOf is Current's rule over the sorted applied versions.
+func currentOf(applied []int) int {
+	if len(applied) == 0 {
+		return 0
+	}
+	for _, v := range applied {
+		if !known(v) {
+			return max(applied[len(applied)-1], Latest()+1)
+		}
+	}
+	current := 0
+	for _, m := range all {
+		if !slices.Contains(applied, m.version) {
+			return current
+		}
+		current = m.version
+	}
+	return current
 }
 
 // inLockedTx runs fn in a transaction (a savepoint when q is a pgx.Tx) that

@@ -34,6 +34,8 @@ func TestMigrationsParse(t *testing.T) {
 		{"none", fstest.MapFS{}, nil, false},
 		{"two in order", fstest.MapFS{"sql/0002_b.sql": file(ok), "sql/0001_a.sql": file(ok)}, []int{1, 2}, false},
 		{"gap", fstest.MapFS{"sql/0001_a.sql": file(ok), "sql/0003_c.sql": file(ok)}, []int{1, 3}, false},
+		{"by value, not name", fstest.MapFS{"sql/10_b.sql": file(ok), "sql/9_a.sql": file(ok)}, []int{9, 10}, false},
+		{"same value", fstest.MapFS{"sql/0003_a.sql": file(ok), "sql/3_b.sql": file(ok)}, nil, true},
 		{"duplicate", fstest.MapFS{"sql/0001_a.sql": file(ok), "sql/0001_b.sql": file(ok)}, nil, true},
 		{"no number", fstest.MapFS{"sql/init.sql": file(ok)}, nil, true},
 		{"zero", fstest.MapFS{"sql/0000_a.sql": file(ok)}, nil, true},
@@ -51,6 +53,33 @@ func TestMigrationsParse(t *testing.T) {
 			}
 			if !slices.Equal(got, tt.want) {
 				t.Errorf("versions = %v, want %v", got, tt.want)
+			}
+		})
+	}
+}
+
+func TestMigrationsCurrentWithGaps(t *testing.T) {
+	knownVersions := Versions()
+	latest := Latest()
+	tests := []struct {
+		name    string
+		applied []int
+		want    int
+	}{
+		{"none", nil, 0},
+		{"all", knownVersions, latest},
+		{"all but the last", knownVersions[:len(knownVersions)-1], knownVersions[len(knownVersions)-2]},
+		{"first missing", knownVersions[1:], 0},
+		{"unknown above", append(slices.Clone(knownVersions), latest+5), latest + 5},
+		{"unknown below latest", []int{1, latest - 1}, latest + 1},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if tt.name == "unknown below latest" && known(latest-1) {
+				t.Skip("every version below latest is known")
+			}
+			if got := currentOf(tt.applied); got != tt.want {
+				t.Errorf("currentOf(%v) = %d, want %d", tt.applied, got, tt.want)
 			}
 		})
 	}
@@ -86,11 +115,10 @@ func TestMigrationsTableIdent(t *testing.T) {
 
 func TestMigrationsPublicationFixes(t *testing.T) {
 	const pub, tbl = `"p"`, `"t"`
-	create := "CREATE PUBLICATION \"p\" FOR TABLE \"t\" WITH (publish = 'insert', publish_via_partition_root = true)"
+	create := "CREATE PUBLICATION \"p\" FOR TABLE \"t\" WITH (publish = 'insert')"
 	add := `ALTER PUBLICATION "p" ADD TABLE "t"`
 	drop := `ALTER PUBLICATION "p" DROP TABLE "t"`
 	set := "ALTER PUBLICATION \"p\" SET (publish = 'insert')"
-	viaRoot := "ALTER PUBLICATION \"p\" SET (publish_via_partition_root = true)"
 	tests := []struct {
 		name  string
 		found bool
@@ -98,16 +126,14 @@ func TestMigrationsPublicationFixes(t *testing.T) {
 		want  []string
 	}{
 		{"absent", false, pubState{}, []string{create}},
-		{"as wanted", true, pubState{insert: true, viaRoot: true, covered: true}, nil},
-		{"all tables, inserts only", true, pubState{insert: true, viaRoot: true, allTables: true, covered: true}, nil},
-		{"publishes everything", true, pubState{insert: true, update: true, delete: true, truncate: true, viaRoot: true, covered: true}, []string{set}},
-		{"updates only", true, pubState{update: true, viaRoot: true, covered: true}, []string{set}},
-		{"truncate too", true, pubState{insert: true, truncate: true, viaRoot: true, covered: true}, []string{set}},
-		{"other table", true, pubState{insert: true, viaRoot: true}, []string{add}},
-		{"other table and ops", true, pubState{insert: true, delete: true, viaRoot: true}, []string{add, set}},
-		{"row filter", true, pubState{insert: true, viaRoot: true, covered: true, restricted: true}, []string{drop, add}},
-		{"not via the partition root", true, pubState{insert: true, covered: true}, []string{viaRoot}},
-		{"made by an older pgscribe, publishing more", true, pubState{insert: true, update: true, covered: true}, []string{set, viaRoot}},
+		{"as wanted", true, pubState{insert: true, covered: true}, nil},
+		{"all tables, inserts only", true, pubState{insert: true, allTables: true, covered: true}, nil},
+		{"publishes everything", true, pubState{insert: true, update: true, delete: true, truncate: true, covered: true}, []string{set}},
+		{"updates only", true, pubState{update: true, covered: true}, []string{set}},
+		{"truncate too", true, pubState{insert: true, truncate: true, covered: true}, []string{set}},
+		{"other table", true, pubState{insert: true}, []string{add}},
+		{"other table and ops", true, pubState{insert: true, delete: true}, []string{add, set}},
+		{"row filter", true, pubState{insert: true, covered: true, restricted: true}, []string{drop, add}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -12,7 +12,11 @@
 //     explicitly) only to what the Sink says is durably accounted for, or,
 //     when nothing at all is in flight, to the WAL end the server reported
 //     in a keepalive, so an idle events table never makes the slot retain
-//     WAL.
+//     WAL. Each keepalive between transactions is handed to the Sink at
+//     once (AdvanceIdle): the walsender sends one as soon as it has sent
+//     everything and the reported write position is behind, so this is
+//     what brings the watermark to the current WAL end within
+//     milliseconds (a wait for pg_current_wal_lsn() relies on it).
 //   - Events are handed to the Sink in commit order. While the Sink is full
 //     (backpressure) status updates keep flowing so the server does not
 //     time the connection out, and the stall clock is paused.

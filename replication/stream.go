@@ -30,7 +30,9 @@ type Sink interface {
 	Commit(token uint64, endLSN event.LSN)
 	// Confirmable returns the contiguous watermark.
 	Confirmable() event.LSN
-	// AdvanceIdle raises the watermark to walEnd if nothing is in flight.
+	// AdvanceIdle says that the server has sent every transaction up to
+	// walEnd (a keepalive's WAL end, between transactions): the watermark
+	// may rise to walEnd once everything handed over so far is applied.
 	AdvanceIdle(walEnd event.LSN)
 }
 
@@ -165,6 +167,10 @@ func (s *streamer) handleCopyData(ctx context.Context, data []byte) error {
 		}
 		if !s.inTxn {
 			s.keepaliveEnd = end
+			// At once, not at the next status update: a wait for an LSN
+			// taken on an otherwise idle database ends when the watermark
+			// reaches the WAL end, and keepalives are what report it.
+			s.sink.AdvanceIdle(end)
 		}
 		if ka.ReplyRequested {
 			return s.sendStatus()
