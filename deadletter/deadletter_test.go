@@ -55,17 +55,15 @@ func TestDeadLetterFromEvent(t *testing.T) {
 }
 
 func TestDeadLetterStorable(t *testing.T) {
-	tests := []struct{ name, in, want string }{
-		{"plain", "bad value", "bad value"},
-		{"NUL removed", "a\x00b", "ab"},
-		{"invalid UTF-8 replaced", "a\xffb", "a\uFFFDb"},
+	cases := map[string]string{
+		"bad value": "bad value",
+		"a\x00b":    "ab",       // NUL removed
+		"a\xffb":    "a\uFFFDb", // invalid UTF-8 replaced
 	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			if got := storable(tt.in); got != tt.want {
-				t.Errorf("storable(%q) = %q, want %q", tt.in, got, tt.want)
-			}
-		})
+	for in, want := range cases {
+		if got := storable(in); got != want {
+			t.Errorf("storable(%q) = %q, want %q", in, got, want)
+		}
 	}
 }
 

@@ -138,23 +138,17 @@ func connectError(t *testing.T) error {
 }
 
 func TestClassifyClassString(t *testing.T) {
-	tests := []struct {
-		name string
-		c    Class
-		want string
-	}{
-		{"none", ClassNone, "none"},
-		{"transient", ClassTransient, "transient"},
-		{"integrity", ClassIntegrity, "integrity"},
-		{"structural", ClassStructural, "structural"},
-		{"out of range", Class(42), "unknown"},
+	names := map[Class]string{
+		ClassNone:       "none",
+		ClassTransient:  "transient",
+		ClassIntegrity:  "integrity",
+		ClassStructural: "structural",
+		Class(42):       "unknown", // out of range
 	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			if got := tt.c.String(); got != tt.want {
-				t.Errorf("String() = %q, want %q", got, tt.want)
-			}
-		})
+	for c, want := range names {
+		if got := c.String(); got != want {
+			t.Errorf("Class(%d).String() = %q, want %q", int(c), got, want)
+		}
 	}
 }
 
