@@ -147,15 +147,9 @@ func run(args []string, stdout, stderr io.Writer) error {
 		if err := parse(fs, rest); err != nil {
 			return err
 		}
-		cfg, log, err := loadConfig(*configPath, stderr, true)
+		cfg, log, progs, err := loadPrograms(*configPath, stderr, true)
 		if err != nil {
 			return err
-		}
-		// A rule that does not compile is a configuration error (exit 2,
-		// which the systemd unit does not restart), not a runtime failure.
-		progs, err := engine.Compile(cfg)
-		if err != nil {
-			return &exitError{code: 2, err: err}
 		}
 		return runEngine(cfg, progs, log)
 	case "migrate":
@@ -176,13 +170,9 @@ func run(args []string, stdout, stderr io.Writer) error {
 		if err := parse(fs, rest); err != nil {
 			return err
 		}
-		cfg, _, err := loadConfig(*configPath, stderr, false)
+		cfg, _, progs, err := loadPrograms(*configPath, stderr, false)
 		if err != nil {
 			return err
-		}
-		progs, err := engine.Compile(cfg)
-		if err != nil {
-			return &exitError{code: 2, err: err}
 		}
 		if *offline || cfg.RequireDatabase() != nil {
 			fmt.Fprintf(stdout, "%s: ok (%s; databases not checked)\n", cfg.Path, projections(len(cfg.Projections)))
@@ -356,6 +346,21 @@ func projections(n int) string {
 // loadConfig loads and validates the configuration; errors exit 2.
 func loadConfig(flagPath string, stderr io.Writer, needDB bool) (*config.Config, *slog.Logger, error) {
 	return loadConfigWith(config.Load, flagPath, stderr, needDB)
+}
+
+// loadPrograms is loadConfig that also compiles the rules. A rule that does
+// not compile is a configuration error (exit 2, which the systemd unit does
+// not restart), not a runtime failure.
+func loadPrograms(flagPath string, stderr io.Writer, needDB bool) (*config.Config, *slog.Logger, []*rules.Program, error) {
+	cfg, log, err := loadConfig(flagPath, stderr, needDB)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	progs, err := engine.Compile(cfg)
+	if err != nil {
+		return nil, nil, nil, &exitError{code: 2, err: err}
+	}
+	return cfg, log, progs, nil
 }
 
 // loadConfigWith is loadConfig with the loader of a command's choice.
