@@ -203,17 +203,9 @@ func run(args []string, stdout, stderr io.Writer) error {
 		return deadLetters(fs, configPath, rest, stdout, stderr)
 	case "reset":
 		var o admin.ResetOptions
-		fs.StringVar(&o.Projection, "projection", "", "projection `name` (required)")
-		fs.Int64Var(&o.Version, "version", 0, "projection `version` (required)")
 		fs.BoolVar(&o.Yes, "yes", false, "reset; without it, only print what would be reset")
 		fs.BoolVar(&o.DeadLetters, "dead-letters", false, "also delete the version's dead letters")
-		if err := parse(fs, rest); err != nil {
-			return err
-		}
-		if o.Projection == "" || o.Version < 1 {
-			return usageErr("reset needs -projection NAME and -version N (at least 1)")
-		}
-		cfg, _, err := loadConfig(*configPath, stderr, true)
+		cfg, err := parseVersionCommand(fs, rest, cmd, &o.Projection, &o.Version, *configPath, stderr)
 		if err != nil {
 			return err
 		}
@@ -245,20 +237,12 @@ func run(args []string, stdout, stderr io.Writer) error {
 		return err
 	case "verify":
 		var o admin.VerifyOptions
-		fs.StringVar(&o.Projection, "projection", "", "projection `name` (required)")
-		fs.Int64Var(&o.Version, "version", 0, "projection `version` (required)")
 		fs.Func("stream", "only this stream `id` (repeatable): rebuild its events, compare the rows only such streams write", func(s string) error {
 			o.Streams = append(o.Streams, s)
 			return nil
 		})
 		fs.IntVar(&o.Limit, "limit", 100, "print at most `n` drifted rows per table (all are counted)")
-		if err := parse(fs, rest); err != nil {
-			return err
-		}
-		if o.Projection == "" || o.Version < 1 {
-			return usageErr("verify needs -projection NAME and -version N (at least 1)")
-		}
-		cfg, _, err := loadConfig(*configPath, stderr, true)
+		cfg, err := parseVersionCommand(fs, rest, cmd, &o.Projection, &o.Version, *configPath, stderr)
 		if err != nil {
 			return err
 		}
@@ -317,6 +301,23 @@ func deadLetters(fs *flag.FlagSet, configPath *string, args []string, stdout, st
 
 // parse parses a command's flags. -h prints them and ends the command
 // with exit 0; an unknown flag or a stray argument is a usage error.
+// parseVersionCommand parses the flags of cmd, a command that acts on one
+// projection version: it adds -projection and -version to the command's own
+// flags, refuses the command when either is missing, and loads the
+// configuration, which must name a database.
+func parseVersionCommand(fs *flag.FlagSet, args []string, cmd string, projection *string, version *int64, configPath string, stderr io.Writer) (*config.Config, error) {
+	fs.StringVar(projection, "projection", "", "projection `name` (required)")
+	fs.Int64Var(version, "version", 0, "projection `version` (required)")
+	if err := parse(fs, args); err != nil {
+		return nil, err
+	}
+	if *projection == "" || *version < 1 {
+		return nil, usageErr("%s needs -projection NAME and -version N (at least 1)", cmd)
+	}
+	cfg, _, err := loadConfig(configPath, stderr, true)
+	return cfg, err
+}
+
 func parse(fs *flag.FlagSet, args []string) error {
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
