@@ -24,6 +24,7 @@ type Metrics struct {
 	LastCommit    *prometheus.GaugeVec
 	Active        *prometheus.GaugeVec
 	Halted        *prometheus.GaugeVec
+	Halts         *prometheus.CounterVec
 	DeadLetters   *prometheus.CounterVec
 	StreamGaps    *prometheus.CounterVec
 	Reconnects    *prometheus.CounterVec
@@ -72,6 +73,9 @@ func NewMetrics(reg prometheus.Registerer, version string) *Metrics {
 			Help: "1 on the node holding the projection's lock, else 0."}, pv),
 		Halted: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "pgscribe_halted",
 			Help: "1 when the projection is halted on a structural failure."}, pv),
+		Halts: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "pgscribe_halts_total",
+			Help: "Halts by stage (source, lock, commit) and SQLSTATE class (two characters; none without a SQLSTATE)."},
+			append(pv, "stage", "sqlstate_class")),
 		DeadLetters: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "pgscribe_dead_letters_total",
 			Help: "Dead-lettered events by error kind."}, append(pv, "error_kind")),
 		StreamGaps: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "pgscribe_stream_gaps_total",
@@ -97,7 +101,7 @@ func NewMetrics(reg prometheus.Registerer, version string) *Metrics {
 		Help: "Build information; always 1."}, []string{"version", "goversion"})
 	info.WithLabelValues(version, runtime.Version()).Set(1)
 	reg.MustRegister(m.Events, m.Batches, m.BatchDuration, m.BatchEvents, m.LagSeconds, m.LagBytes,
-		m.Backlog, m.WatermarkLSN, m.LastCommit, m.Active, m.Halted, m.DeadLetters, m.StreamGaps,
+		m.Backlog, m.WatermarkLSN, m.LastCommit, m.Active, m.Halted, m.Halts, m.DeadLetters, m.StreamGaps,
 		m.Reconnects, m.BackfillDone, m.BackfillTotal, m.WatermarkTime, m.SlotRetained, m.ProbeErrors, m.RowsMissing, m.Retries, info)
 	return m
 }
@@ -190,6 +194,17 @@ func (p *Projection) SetActive(on bool) { p.m.Active.WithLabelValues(p.name, p.v
 
 // SetHalted sets pgscribe_halted.
 func (p *Projection) SetHalted(on bool) { p.m.Halted.WithLabelValues(p.name, p.ver).Set(b2f(on)) }
+
+// Halt counts one halt at stage (source, lock, commit) whose error has
+// SQLSTATE code ("" when none): the label is the code's class, never the
+// code's text or the error's, so the series stay few.
+func (p *Projection) Halt(stage, code string) {
+	class := "none"
+	if len(code) == 5 {
+		class = code[:2]
+	}
+	p.m.Halts.WithLabelValues(p.name, p.ver, stage, class).Inc()
+}
 
 // Report sets the lag gauges from a reading. What the reading does not
 // know (slot, backlog, watermark time, last commit) leaves those gauges as

@@ -116,3 +116,23 @@ func TestMetricsReport(t *testing.T) {
 		t.Errorf("probe errors = %v, want 1", got)
 	}
 }
+
+func TestMetricsHalt(t *testing.T) {
+	m := NewMetrics(prometheus.NewRegistry(), "test")
+	p := m.For("balances", 1)
+	p.Halt("source", "42704")
+	p.Halt("source", "42501")
+	p.Halt("lock", "28P01")
+	p.Halt("source", "")
+	for _, c := range []struct {
+		stage, class string
+		want         float64
+	}{{"source", "42", 2}, {"lock", "28", 1}, {"source", "none", 1}} {
+		if got := testutil.ToFloat64(m.Halts.WithLabelValues("balances", "1", c.stage, c.class)); got != c.want {
+			t.Errorf("pgscribe_halts_total{stage=%q,sqlstate_class=%q} = %v, want %v", c.stage, c.class, got, c.want)
+		}
+	}
+	if n := testutil.CollectAndCount(m.Halts); n != 3 {
+		t.Errorf("%d halts_total series, want 3: the label is the SQLSTATE's class, not the code", n)
+	}
+}
