@@ -216,7 +216,7 @@ func run(args []string, stdout, stderr io.Writer) error {
 		var o admin.ResetOptions
 		fs.BoolVar(&o.Yes, "yes", false, "reset; without it, only print what would be reset")
 		fs.BoolVar(&o.DeadLetters, "dead-letters", false, "also delete the version's dead letters")
-		cfg, err := parseVersionCommand(fs, rest, cmd, &o.Projection, &o.Version, *configPath, stderr)
+		cfg, err := parseVersionCommand(fs, rest, cmd, &o.Projection, &o.Version, config.Load, configPath, stderr)
 		if err != nil {
 			return err
 		}
@@ -253,7 +253,7 @@ func run(args []string, stdout, stderr io.Writer) error {
 			return nil
 		})
 		fs.IntVar(&o.Limit, "limit", 100, "print at most `n` drifted rows per table (all are counted)")
-		cfg, err := parseVersionCommand(fs, rest, cmd, &o.Projection, &o.Version, *configPath, stderr)
+		cfg, err := parseVersionCommand(fs, rest, cmd, &o.Projection, &o.Version, config.Load, configPath, stderr)
 		if err != nil {
 			return err
 		}
@@ -266,18 +266,10 @@ func run(args []string, stdout, stderr io.Writer) error {
 		return err
 	case "promote":
 		var o admin.PromoteOptions
-		fs.StringVar(&o.Projection, "projection", "", "projection `name` (required)")
-		fs.Int64Var(&o.Version, "version", 0, "projection `version` (required)")
 		fs.DurationVar(&o.MaxLag, "max-lag", admin.DefaultMaxLag, "largest lag the version may have")
 		fs.DurationVar(&o.Timeout, "timeout", admin.DefaultPromoteTimeout, "how long to retry while readers' transactions hold the views")
 		fs.BoolVar(&o.Force, "force", false, "promote even if the version is not live, lags or is halted")
-		if err := parse(fs, rest); err != nil {
-			return err
-		}
-		if o.Projection == "" || o.Version < 1 {
-			return usageErr("promote needs -projection NAME and -version N (at least 1)")
-		}
-		cfg, _, err := loadConfig(*configPath, stderr, true)
+		cfg, err := parseVersionCommand(fs, rest, cmd, &o.Projection, &o.Version, config.Load, configPath, stderr)
 		if err != nil {
 			return err
 		}
@@ -286,17 +278,9 @@ func run(args []string, stdout, stderr io.Writer) error {
 		return admin.Promote(ctx, cfg, o, stdout)
 	case "retire":
 		var o admin.RetireOptions
-		fs.StringVar(&o.Projection, "projection", "", "projection `name` (required)")
-		fs.Int64Var(&o.Version, "version", 0, "projection `version` (required)")
 		fs.BoolVar(&o.DropSchema, "drop-schema", false, "also drop the version's schema and its tables")
-		if err := parse(fs, rest); err != nil {
-			return err
-		}
-		if o.Projection == "" || o.Version < 1 {
-			return usageErr("retire needs -projection NAME and -version N (at least 1)")
-		}
 		// retire needs no rules: an old version may have left the file.
-		cfg, _, err := loadConfigWith(config.LoadSettings, *configPath, stderr, true)
+		cfg, err := parseVersionCommand(fs, rest, cmd, &o.Projection, &o.Version, config.LoadSettings, configPath, stderr)
 		if err != nil {
 			return err
 		}
@@ -354,8 +338,9 @@ func deadLetters(fs *flag.FlagSet, configPath *string, args []string, stdout, st
 // parseVersionCommand parses the flags of cmd, a command that acts on one
 // projection version: it adds -projection and -version to the command's own
 // flags, refuses the command when either is missing, and loads the
-// configuration, which must name a database.
-func parseVersionCommand(fs *flag.FlagSet, args []string, cmd string, projection *string, version *int64, configPath string, stderr io.Writer) (*config.Config, error) {
+// configuration with load (as loadConfigWith); it must name a database.
+func parseVersionCommand(fs *flag.FlagSet, args []string, cmd string, projection *string, version *int64,
+	load func(string) (*config.Config, error), configPath *string, stderr io.Writer) (*config.Config, error) {
 	fs.StringVar(projection, "projection", "", "projection `name` (required)")
 	fs.Int64Var(version, "version", 0, "projection `version` (required)")
 	if err := parse(fs, args); err != nil {
@@ -364,7 +349,7 @@ func parseVersionCommand(fs *flag.FlagSet, args []string, cmd string, projection
 	if *projection == "" || *version < 1 {
 		return nil, usageErr("%s needs -projection NAME and -version N (at least 1)", cmd)
 	}
-	cfg, _, err := loadConfig(configPath, stderr, true)
+	cfg, _, err := loadConfigWith(load, *configPath, stderr, true)
 	return cfg, err
 }
 
