@@ -15,6 +15,7 @@ import (
 type Metrics struct {
 	Events        *prometheus.CounterVec
 	Batches       *prometheus.CounterVec
+	Isolation     *prometheus.CounterVec
 	BatchDuration *prometheus.HistogramVec
 	BatchEvents   *prometheus.HistogramVec
 	LagSeconds    *prometheus.GaugeVec
@@ -51,6 +52,8 @@ func NewMetrics(reg prometheus.Registerer, version string) *Metrics {
 			Help: "Source events accounted for, by outcome (applied, skipped, dead_lettered)."}, append(pv, "outcome")),
 		Batches: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "pgscribe_batches_total",
 			Help: "Batches by result (committed, retried, isolated, halted)."}, append(pv, "result")),
+		Isolation: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "pgscribe_isolation_attempts_total",
+			Help: "Segment attempts (savepoint round trips) made to find the events of isolated batches that fail an integrity check."}, pv),
 		BatchDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "pgscribe_batch_duration_seconds",
 			Help: "Time from a batch's first attempt to its commit.",
 			// Sub-millisecond (a few skipped events) to a minute (a batch
@@ -100,7 +103,7 @@ func NewMetrics(reg prometheus.Registerer, version string) *Metrics {
 	info := prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "pgscribe_build_info",
 		Help: "Build information; always 1."}, []string{"version", "goversion"})
 	info.WithLabelValues(version, runtime.Version()).Set(1)
-	reg.MustRegister(m.Events, m.Batches, m.BatchDuration, m.BatchEvents, m.LagSeconds, m.LagBytes,
+	reg.MustRegister(m.Events, m.Batches, m.Isolation, m.BatchDuration, m.BatchEvents, m.LagSeconds, m.LagBytes,
 		m.Backlog, m.WatermarkLSN, m.LastCommit, m.Active, m.Halted, m.Halts, m.DeadLetters, m.StreamGaps,
 		m.Reconnects, m.BackfillDone, m.BackfillTotal, m.WatermarkTime, m.SlotRetained, m.ProbeErrors, m.RowsMissing, m.Retries, info)
 	return m
@@ -141,6 +144,7 @@ func (m *Metrics) For(name string, version int64) *Projection {
 		g.WithLabelValues(name, v)
 	}
 	m.StreamGaps.WithLabelValues(name, v)
+	m.Isolation.WithLabelValues(name, v)
 	m.Reconnects.WithLabelValues(name, v)
 	m.ProbeErrors.WithLabelValues(name, v)
 	return p
@@ -167,6 +171,11 @@ func (p *Projection) Outcomes(applied, skipped, deadLettered int) {
 // DeadLettered counts one dead letter of the given kind.
 func (p *Projection) DeadLettered(kind string) {
 	p.m.DeadLetters.WithLabelValues(p.name, p.ver, kind).Inc()
+}
+
+// Isolation adds the segment attempts of an isolated pass.
+func (p *Projection) Isolation(attempts int) {
+	p.m.Isolation.WithLabelValues(p.name, p.ver).Add(float64(attempts))
 }
 
 // Gap counts a stream gap.

@@ -51,6 +51,7 @@ func TestMetricsContract(t *testing.T) {
 		{"pgscribe_lag_probe_errors_total", dto.MetricType_COUNTER, []string{"projection", "version"}},
 		{"pgscribe_stream_gaps_total", dto.MetricType_COUNTER, []string{"projection", "version"}},
 		{"pgscribe_restarts_total", dto.MetricType_COUNTER, []string{"projection", "version"}},
+		{"pgscribe_isolation_attempts_total", dto.MetricType_COUNTER, []string{"projection", "version"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
