@@ -164,15 +164,9 @@ func run(args []string, stdout, stderr io.Writer) error {
 		if err := parse(fs, rest); err != nil {
 			return err
 		}
-		cfg, log, err := loadConfig(*configPath, stderr, true)
+		cfg, log, progs, err := loadPrograms(*configPath, stderr, true)
 		if err != nil {
 			return err
-		}
-		// A rule that does not compile is a configuration error (exit 2,
-		// which the systemd unit does not restart), not a runtime failure.
-		progs, err := engine.Compile(cfg)
-		if err != nil {
-			return &exitError{code: 2, err: err}
 		}
 		return runEngine(cfg, progs, log)
 	case "migrate":
@@ -193,13 +187,9 @@ func run(args []string, stdout, stderr io.Writer) error {
 		if err := parse(fs, rest); err != nil {
 			return err
 		}
-		cfg, _, err := loadConfig(*configPath, stderr, false)
+		cfg, _, progs, err := loadPrograms(*configPath, stderr, false)
 		if err != nil {
 			return err
-		}
-		progs, err := engine.Compile(cfg)
-		if err != nil {
-			return &exitError{code: 2, err: err}
 		}
 		if *offline || cfg.RequireDatabase() != nil {
 			fmt.Fprintf(stdout, "%s: ok (%s; databases not checked)\n", cfg.Path, projections(len(cfg.Projections)))
@@ -230,17 +220,9 @@ func run(args []string, stdout, stderr io.Writer) error {
 		return deadLetters(fs, configPath, rest, stdout, stderr)
 	case "reset":
 		var o admin.ResetOptions
-		fs.StringVar(&o.Projection, "projection", "", "projection `name` (required)")
-		fs.Int64Var(&o.Version, "version", 0, "projection `version` (required)")
 		fs.BoolVar(&o.Yes, "yes", false, "reset; without it, only print what would be reset")
 		fs.BoolVar(&o.DeadLetters, "dead-letters", false, "also delete the version's dead letters")
-		if err := parse(fs, rest); err != nil {
-			return err
-		}
-		if o.Projection == "" || o.Version < 1 {
-			return usageErr("reset needs -projection NAME and -version N (at least 1)")
-		}
-		cfg, _, err := loadConfig(*configPath, stderr, true)
+		cfg, err := parseVersionCommand(fs, rest, cmd, &o.Projection, &o.Version, config.Load, configPath, stderr)
 		if err != nil {
 			return err
 		}
@@ -272,20 +254,12 @@ func run(args []string, stdout, stderr io.Writer) error {
 		return err
 	case "verify":
 		var o admin.VerifyOptions
-		fs.StringVar(&o.Projection, "projection", "", "projection `name` (required)")
-		fs.Int64Var(&o.Version, "version", 0, "projection `version` (required)")
 		fs.Func("stream", "only this stream `id` (repeatable): rebuild its events, compare the rows only such streams write", func(s string) error {
 			o.Streams = append(o.Streams, s)
 			return nil
 		})
 		fs.IntVar(&o.Limit, "limit", 100, "print at most `n` drifted rows per table (all are counted)")
-		if err := parse(fs, rest); err != nil {
-			return err
-		}
-		if o.Projection == "" || o.Version < 1 {
-			return usageErr("verify needs -projection NAME and -version N (at least 1)")
-		}
-		cfg, _, err := loadConfig(*configPath, stderr, true)
+		cfg, err := parseVersionCommand(fs, rest, cmd, &o.Projection, &o.Version, config.Load, configPath, stderr)
 		if err != nil {
 			return err
 		}
@@ -298,18 +272,10 @@ func run(args []string, stdout, stderr io.Writer) error {
 		return err
 	case "promote":
 		var o admin.PromoteOptions
-		fs.StringVar(&o.Projection, "projection", "", "projection `name` (required)")
-		fs.Int64Var(&o.Version, "version", 0, "projection `version` (required)")
 		fs.DurationVar(&o.MaxLag, "max-lag", admin.DefaultMaxLag, "largest lag the version may have")
 		fs.DurationVar(&o.Timeout, "timeout", admin.DefaultPromoteTimeout, "how long to retry while readers' transactions hold the views")
 		fs.BoolVar(&o.Force, "force", false, "promote even if the version is not live, lags or is halted")
-		if err := parse(fs, rest); err != nil {
-			return err
-		}
-		if o.Projection == "" || o.Version < 1 {
-			return usageErr("promote needs -projection NAME and -version N (at least 1)")
-		}
-		cfg, _, err := loadConfig(*configPath, stderr, true)
+		cfg, err := parseVersionCommand(fs, rest, cmd, &o.Projection, &o.Version, config.Load, configPath, stderr)
 		if err != nil {
 			return err
 		}
@@ -318,17 +284,9 @@ func run(args []string, stdout, stderr io.Writer) error {
 		return admin.Promote(ctx, cfg, o, stdout)
 	case "retire":
 		var o admin.RetireOptions
-		fs.StringVar(&o.Projection, "projection", "", "projection `name` (required)")
-		fs.Int64Var(&o.Version, "version", 0, "projection `version` (required)")
 		fs.BoolVar(&o.DropSchema, "drop-schema", false, "also drop the version's schema and its tables")
-		if err := parse(fs, rest); err != nil {
-			return err
-		}
-		if o.Projection == "" || o.Version < 1 {
-			return usageErr("retire needs -projection NAME and -version N (at least 1)")
-		}
 		// retire needs no rules: an old version may have left the file.
-		cfg, _, err := loadConfigWith(config.LoadSettings, *configPath, stderr, true)
+		cfg, err := parseVersionCommand(fs, rest, cmd, &o.Projection, &o.Version, config.LoadSettings, configPath, stderr)
 		if err != nil {
 			return err
 		}
@@ -414,6 +372,24 @@ func deadLetters(fs *flag.FlagSet, configPath *string, args []string, stdout, st
 
 // parse parses a command's flags. -h prints them and ends the command
 // with exit 0; an unknown flag or a stray argument is a usage error.
+// parseVersionCommand parses the flags of cmd, a command that acts on one
+// projection version: it adds -projection and -version to the command's own
+// flags, refuses the command when either is missing, and loads the
+// configuration with load (as loadConfigWith); it must name a database.
+func parseVersionCommand(fs *flag.FlagSet, args []string, cmd string, projection *string, version *int64,
+	load func(string) (*config.Config, error), configPath *string, stderr io.Writer) (*config.Config, error) {
+	fs.StringVar(projection, "projection", "", "projection `name` (required)")
+	fs.Int64Var(version, "version", 0, "projection `version` (required)")
+	if err := parse(fs, args); err != nil {
+		return nil, err
+	}
+	if *projection == "" || *version < 1 {
+		return nil, usageErr("%s needs -projection NAME and -version N (at least 1)", cmd)
+	}
+	cfg, _, err := loadConfigWith(load, *configPath, stderr, true)
+	return cfg, err
+}
+
 func parse(fs *flag.FlagSet, args []string) error {
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
@@ -443,6 +419,21 @@ func projections(n int) string {
 // loadConfig loads and validates the configuration; errors exit 2.
 func loadConfig(flagPath string, stderr io.Writer, needDB bool) (*config.Config, *slog.Logger, error) {
 	return loadConfigWith(config.Load, flagPath, stderr, needDB)
+}
+
+// loadPrograms is loadConfig that also compiles the rules. A rule that does
+// not compile is a configuration error (exit 2, which the systemd unit does
+// not restart), not a runtime failure.
+func loadPrograms(flagPath string, stderr io.Writer, needDB bool) (*config.Config, *slog.Logger, []*rules.Program, error) {
+	cfg, log, err := loadConfig(flagPath, stderr, needDB)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	progs, err := engine.Compile(cfg)
+	if err != nil {
+		return nil, nil, nil, &exitError{code: 2, err: err}
+	}
+	return cfg, log, progs, nil
 }
 
 // loadConfigWith is loadConfig with the loader of a command's choice.

@@ -8,25 +8,17 @@ import (
 )
 
 func TestProgressBar(t *testing.T) {
-	tests := []struct {
-		name    string
-		percent float64
-		width   int
-		want    string
-	}{
-		{name: "empty", percent: 0, width: 10, want: "[----------]"},
-		{name: "half", percent: 50, width: 10, want: "[#####-----]"},
-		{name: "full", percent: 100, width: 4, want: "[####]"},
-		{name: "clamped above", percent: 140, width: 4, want: "[####]"},
-		{name: "clamped below", percent: -3, width: 4, want: "[----]"},
+	bar := func(percent float64, width int, want string) {
+		t.Helper()
+		if got := progressBar(percent, width); got != want {
+			t.Errorf("progressBar(%v, %d) = %q, want %q", percent, width, got, want)
+		}
 	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			if got := progressBar(tt.percent, tt.width); got != tt.want {
-				t.Fatalf("progressBar(%v, %d) = %q, want %q", tt.percent, tt.width, got, tt.want)
-			}
-		})
-	}
+	bar(0, 10, "[----------]")
+	bar(50, 10, "[#####-----]")
+	bar(100, 4, "[####]")
+	bar(140, 4, "[####]") // clamped above
+	bar(-3, 4, "[----]")  // clamped below
 }
 
 func TestWriteProgressOnlyBackfilling(t *testing.T) {

@@ -100,26 +100,28 @@ func TestBackfillProgress(t *testing.T) {
 }
 
 func TestParseSlotName(t *testing.T) {
-	tests := []struct {
-		slot     string
-		wantName string
-		wantV    int64
-		wantOK   bool
-	}{
-		{slot: "pgscribe_balances_v1", wantName: "balances", wantV: 1, wantOK: true},
-		{slot: "pgscribe_my_v2_thing_v12", wantName: "my_v2_thing", wantV: 12, wantOK: true},
-		{slot: "pgscribe_balances_v0"},
-		{slot: "pgscribe_balances_v01"},
-		{slot: "pgscribe_balances_vx"},
-		{slot: "pgscribe_balances"},
-		{slot: "pgscribe__v1"},
-		{slot: "other_balances_v1"},
-		{slot: "pgscribex_balances_v1"},
+	type parsed struct {
+		name string
+		v    int64
+		ok   bool
 	}
-	for _, tt := range tests {
-		name, v, ok := parseSlotName("pgscribe", tt.slot)
-		if name != tt.wantName || v != tt.wantV || ok != tt.wantOK {
-			t.Errorf("parseSlotName(%q) = %q, %d, %v; want %q, %d, %v", tt.slot, name, v, ok, tt.wantName, tt.wantV, tt.wantOK)
+	slots := map[string]parsed{
+		"pgscribe_balances_v1":     {"balances", 1, true},
+		"pgscribe_my_v2_thing_v12": {"my_v2_thing", 12, true},
+		// Not ours: each parses to the zero result.
+		"pgscribe_balances_v0":  {},
+		"pgscribe_balances_v01": {},
+		"pgscribe_balances_vx":  {},
+		"pgscribe_balances":     {},
+		"pgscribe__v1":          {},
+		"other_balances_v1":     {},
+		"pgscribex_balances_v1": {},
+	}
+	for slot, want := range slots {
+		var got parsed
+		got.name, got.v, got.ok = parseSlotName("pgscribe", slot)
+		if got != want {
+			t.Errorf("parseSlotName(%q) = %+v, want %+v", slot, got, want)
 		}
 	}
 }

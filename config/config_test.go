@@ -489,49 +489,42 @@ func TestDatabaseURL(t *testing.T) {
 }
 
 func TestConfigPath(t *testing.T) {
-	tests := []struct {
-		name string
-		flag string
-		env  string
-		want string
-	}{
-		{name: "flag wins", flag: "/etc/a.toml", env: "/etc/b.toml", want: "/etc/a.toml"},
-		{name: "env", env: "/etc/b.toml", want: "/etc/b.toml"},
-		{name: "default", want: "./pgscribe.toml"},
+	tests := map[string]struct{ flag, env, want string }{
+		"flag wins": {flag: "/etc/a.toml", env: "/etc/b.toml", want: "/etc/a.toml"},
+		"env":       {env: "/etc/b.toml", want: "/etc/b.toml"},
+		"default":   {want: "./pgscribe.toml"},
 	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
+	for name, tt := range tests {
+		t.Run(name, func(t *testing.T) {
 			t.Setenv(EnvConfig, tt.env)
 			if got := ConfigPath(tt.flag); got != tt.want {
-				t.Errorf("ConfigPath(%q) = %q, want %q", tt.flag, got, tt.want)
+				t.Errorf("ConfigPath(%q) with %s=%q = %q, want %q", tt.flag, EnvConfig, tt.env, got, tt.want)
 			}
 		})
 	}
 }
 
 func TestRedactURL(t *testing.T) {
-	tests := []struct {
-		name string
-		dsn  string
-		want string
-	}{
-		{name: "url with password", dsn: "postgres://app:s3cret@db:5432/x?sslmode=disable", want: "postgres://app:xxxxx@db:5432/x?sslmode=disable"},
-		{name: "url without password", dsn: "postgres://app@db/x", want: "postgres://app@db/x"},
-		{name: "url without user", dsn: "postgresql://db/x", want: "postgresql://db/x"},
-		{name: "url with raw @ and / in password", dsn: "postgres://app:p@ss/w@db/x", want: "postgres://app:xxxxx@db/x"},
-		{name: "url password parameters", dsn: "postgres://db/x?password=s3cret&sslpassword=k3y&sslmode=require", want: "postgres://db/x?password=xxxxx&sslpassword=xxxxx&sslmode=require"},
-		{name: "url multiple hosts", dsn: "postgres://app:s3cret@h1:5432,h2:5432/x", want: "postgres://app:xxxxx@h1:5432,h2:5432/x"},
-		{name: "keyword/value", dsn: "host=db user=app password=s3cret dbname=x", want: "host=db user=app password=xxxxx dbname=x"},
-		{name: "keyword/value quoted", dsn: "host=db password = 'a b\\' c' dbname=x", want: "host=db password = xxxxx dbname=x"},
-		{name: "keyword/value first and sslpassword", dsn: "password=s3cret sslpassword=k3y", want: "password=xxxxx sslpassword=xxxxx"},
-		{name: "empty", dsn: "", want: ""},
+	// What is printed for each connection string.
+	redacted := map[string]string{
+		"postgres://app:s3cret@db:5432/x?sslmode=disable": "postgres://app:xxxxx@db:5432/x?sslmode=disable",
+		"postgres://app@db/x":                             "postgres://app@db/x",
+		"postgresql://db/x":                               "postgresql://db/x",
+		// raw @ and / in the password
+		"postgres://app:p@ss/w@db/x":                                      "postgres://app:xxxxx@db/x",
+		"postgres://db/x?password=s3cret&sslpassword=k3y&sslmode=require": "postgres://db/x?password=xxxxx&sslpassword=xxxxx&sslmode=require",
+		"postgres://app:s3cret@h1:5432,h2:5432/x":                         "postgres://app:xxxxx@h1:5432,h2:5432/x",
+		"host=db user=app password=s3cret dbname=x":                       "host=db user=app password=xxxxx dbname=x",
+		// quoted keyword/value password
+		"host=db password = 'a b\\' c' dbname=x": "host=db password = xxxxx dbname=x",
+		// password first, and sslpassword
+		"password=s3cret sslpassword=k3y": "password=xxxxx sslpassword=xxxxx",
+		"":                                "",
 	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			if got := RedactURL(tt.dsn); got != tt.want {
-				t.Errorf("RedactURL(%q) = %q, want %q", tt.dsn, got, tt.want)
-			}
-		})
+	for dsn, want := range redacted {
+		if got := RedactURL(dsn); got != want {
+			t.Errorf("RedactURL(%q) = %q, want %q", dsn, got, want)
+		}
 	}
 }
 

@@ -174,19 +174,25 @@ func (t *table) done() {
 	}
 }
 
-// str reads a string; it reports whether key was present and a string.
-func (t *table) str(key string, dst *string) bool {
+// typed reads the value of key into dst; it reports whether key was present
+// and a T. what names T in the error when the value is of another type.
+func typed[T any](t *table, key, what string, dst *T) bool {
 	v, p, ok := t.get(key)
 	if !ok {
 		return false
 	}
-	s, ok := v.(string)
+	x, ok := v.(T)
 	if !ok {
-		t.d.fail(p, "must be a string, not %s", typeName(v))
+		t.d.fail(p, "must be %s, not %s", what, typeName(v))
 		return false
 	}
-	*dst = s
+	*dst = x
 	return true
+}
+
+// str reads a string; it reports whether key was present and a string.
+func (t *table) str(key string, dst *string) bool {
+	return typed(t, key, "a string", dst)
 }
 
 // name reads a string that, if present, must not be empty.
@@ -232,17 +238,7 @@ func (t *table) oneOf(key string, dst *string, allowed ...string) bool {
 }
 
 func (t *table) integer(key string, dst *int64) bool {
-	v, p, ok := t.get(key)
-	if !ok {
-		return false
-	}
-	n, ok := v.(int64)
-	if !ok {
-		t.d.fail(p, "must be an integer, not %s", typeName(v))
-		return false
-	}
-	*dst = n
-	return true
+	return typed(t, key, "an integer", dst)
 }
 
 // count reads an integer of at least least.
@@ -269,15 +265,11 @@ func (t *table) count(key string, dst *int, least int) bool {
 
 // duration reads a positive duration written as a string ("250ms", "5s").
 func (t *table) duration(key string, dst *time.Duration) bool {
-	v, p, ok := t.get(key)
-	if !ok {
+	var s string
+	if !typed(t, key, `a duration string such as "5s"`, &s) {
 		return false
 	}
-	s, ok := v.(string)
-	if !ok {
-		t.d.fail(p, `must be a duration string such as "5s", not %s`, typeName(v))
-		return false
-	}
+	p := t.path.key(key)
 	dur, err := time.ParseDuration(s)
 	switch {
 	case err != nil:

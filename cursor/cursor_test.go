@@ -41,20 +41,18 @@ func TestCursorMerge(t *testing.T) {
 }
 
 func TestCursorCheckPhase(t *testing.T) {
-	tests := []struct {
-		name    string
-		phase   string
-		emptyOK bool
-		wantErr bool
+	tests := map[string]struct {
+		phase            string
+		emptyOK, wantErr bool
 	}{
-		{"backfilling", PhaseBackfilling, false, false},
-		{"live", PhaseLive, false, false},
-		{"empty allowed", "", true, false},
-		{"empty refused", "", false, true},
-		{"typo", "Live", true, true},
+		"backfilling":   {PhaseBackfilling, false, false},
+		"live":          {PhaseLive, false, false},
+		"empty allowed": {"", true, false},
+		"empty refused": {"", false, true},
+		"typo":          {"Live", true, true},
 	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
+	for name, tt := range tests {
+		t.Run(name, func(t *testing.T) {
 			if err := checkPhase(tt.phase, tt.emptyOK); (err != nil) != tt.wantErr {
 				t.Errorf("checkPhase(%q, %v) error = %v, wantErr %v", tt.phase, tt.emptyOK, err, tt.wantErr)
 			}

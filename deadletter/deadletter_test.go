@@ -55,36 +55,33 @@ func TestDeadLetterFromEvent(t *testing.T) {
 }
 
 func TestDeadLetterStorable(t *testing.T) {
-	tests := []struct{ name, in, want string }{
-		{"plain", "bad value", "bad value"},
-		{"NUL removed", "a\x00b", "ab"},
-		{"invalid UTF-8 replaced", "a\xffb", "a\uFFFDb"},
+	cases := map[string]string{
+		"bad value": "bad value",
+		"a\x00b":    "ab",       // NUL removed
+		"a\xffb":    "a\uFFFDb", // invalid UTF-8 replaced
 	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			if got := storable(tt.in); got != tt.want {
-				t.Errorf("storable(%q) = %q, want %q", tt.in, got, tt.want)
-			}
-		})
+	for in, want := range cases {
+		if got := storable(in); got != want {
+			t.Errorf("storable(%q) = %q, want %q", in, got, want)
+		}
 	}
 }
 
 func TestDeadLetterFilterWhere(t *testing.T) {
-	tests := []struct {
-		name     string
+	tests := map[string]struct {
 		f        Filter
 		want     string
 		wantArgs []any
 	}{
-		{"none", Filter{AfterID: 5, Limit: 3}, "", nil},
-		{"projection", Filter{Projection: "p"}, " WHERE projection = $1", []any{"p"}},
-		{"all", Filter{Projection: "p", Version: 2, StreamID: "s", ErrorKind: "k"},
+		"none":       {Filter{AfterID: 5, Limit: 3}, "", nil},
+		"projection": {Filter{Projection: "p"}, " WHERE projection = $1", []any{"p"}},
+		"all": {Filter{Projection: "p", Version: 2, StreamID: "s", ErrorKind: "k"},
 			" WHERE projection = $1 AND version = $2 AND stream_id = $3 AND error_kind = $4", []any{"p", int64(2), "s", "k"}},
-		{"stream and kind", Filter{StreamID: "s", ErrorKind: "k"},
+		"stream and kind": {Filter{StreamID: "s", ErrorKind: "k"},
 			" WHERE stream_id = $1 AND error_kind = $2", []any{"s", "k"}},
 	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
+	for name, tt := range tests {
+		t.Run(name, func(t *testing.T) {
 			got, args := tt.f.where()
 			if got != tt.want || !slices.Equal(args, tt.wantArgs) {
 				t.Errorf("where() = %q %v, want %q %v", got, args, tt.want, tt.wantArgs)

@@ -282,8 +282,7 @@ func TestEval(t *testing.T) {
 }
 
 func TestEvalErrors(t *testing.T) {
-	tests := []struct {
-		name      string
+	tests := map[string]struct {
 		spec      Spec
 		event     *event.Event
 		want      EvalError // compared without Err
@@ -291,92 +290,79 @@ func TestEvalErrors(t *testing.T) {
 		wantExpr  bool      // the cause is an expr *file.Error
 		wantMsg   string    // for fail rules: the evaluated message
 	}{
-		{
-			name:    "fail rule carries its message",
+		"fail rule carries its message": {
 			spec:    balances(),
 			event:   ev("Withdrawn", map[string]any{"account_id": "a1", "amount": int64(-5)}),
 			want:    EvalError{Projection: "balances", Version: 1, Rule: "Withdrawn#3", Fail: true},
 			wantMsg: "non-positive withdrawal: -5",
 		},
-		{
-			name:    "fail message of unknown type is formatted",
+		"fail message of unknown type is formatted": {
 			spec:    single(RuleSpec{Name: "stop", Op: "fail", Message: "data.reason"}),
 			event:   ev("E", map[string]any{"reason": int64(12)}),
 			want:    EvalError{Projection: "p", Version: 1, Rule: "stop", Fail: true},
 			wantMsg: "12",
 		},
-		{
-			name:      "missing field in set",
+		"missing field in set": {
 			spec:      balances(),
 			event:     ev("AccountOpened", map[string]any{"account_id": "a1", "initial": int64(1)}),
 			want:      EvalError{Projection: "balances", Version: 1, Rule: "open", Field: "set.owner"},
 			wantCause: ErrNilValue,
 		},
-		{
-			name:      "nil key",
+		"nil key": {
 			spec:      balances(),
 			event:     ev("Deposited", map[string]any{"amount": int64(1)}),
 			want:      EvalError{Projection: "balances", Version: 1, Rule: "Deposited#2", Field: "key.account_id"},
 			wantCause: ErrNilValue,
 		},
-		{
-			name:      "inc not a number",
+		"inc not a number": {
 			spec:      single(RuleSpec{Op: "update", Table: "t", Key: map[string]string{"id": "id"}, Inc: map[string]string{"n": "data.n"}}),
 			event:     ev("E", map[string]any{"n": "12"}),
 			want:      EvalError{Projection: "p", Version: 1, Rule: "r", Field: "inc.n"},
 			wantCause: ErrWrongType,
 		},
-		{
-			name:      "inc nil",
+		"inc nil": {
 			spec:      single(RuleSpec{Op: "update", Table: "t", Key: map[string]string{"id": "id"}, Inc: map[string]string{"n": "data.n"}}),
 			event:     ev("E", nil),
 			want:      EvalError{Projection: "p", Version: 1, Rule: "r", Field: "inc.n"},
 			wantCause: ErrNilValue,
 		},
-		{
-			name:      "nil sql arg",
+		"nil sql arg": {
 			spec:      single(RuleSpec{Op: "sql", SQL: "select $1, $2", Args: []string{"id", "data.x"}}),
 			event:     ev("E", nil),
 			want:      EvalError{Projection: "p", Version: 1, Rule: "r", Field: "args[2]"},
 			wantCause: ErrNilValue,
 		},
-		{
-			name:      "when not boolean at run time",
+		"when not boolean at run time": {
 			spec:      single(RuleSpec{When: "data.flag", Op: "sql", SQL: "x"}),
 			event:     ev("E", map[string]any{"flag": "yes"}),
 			want:      EvalError{Projection: "p", Version: 1, Rule: "r", Field: "when"},
 			wantCause: ErrWrongType,
 		},
-		{
-			name:      "when on a missing flag",
+		"when on a missing flag": {
 			spec:      single(RuleSpec{When: "data.flag", Op: "sql", SQL: "x"}),
 			event:     ev("E", nil),
 			want:      EvalError{Projection: "p", Version: 1, Rule: "r", Field: "when"},
 			wantCause: ErrNilValue,
 		},
-		{
-			name:     "when comparing a missing field",
+		"when comparing a missing field": {
 			spec:     balances(),
 			event:    ev("AccountOpened", map[string]any{"account_id": "a1", "owner": "ann"}),
 			want:     EvalError{Projection: "balances", Version: 1, Rule: "open", Field: "when"},
 			wantExpr: true,
 		},
-		{
-			name:     "fetch from a missing object",
+		"fetch from a missing object": {
 			spec:     setRule("data.a.b"),
 			event:    ev("E", nil),
 			want:     EvalError{Projection: "p", Version: 1, Rule: "r", Field: "set.v"},
 			wantExpr: true,
 		},
-		{
-			name:     "message fails to evaluate",
+		"message fails to evaluate": {
 			spec:     single(RuleSpec{Op: "fail", Message: "'x' + data.a.b"}),
 			event:    ev("E", nil),
 			want:     EvalError{Projection: "p", Version: 1, Rule: "r", Field: "message"},
 			wantExpr: true,
 		},
-		{
-			name: "all or none: second rule errors",
+		"all or none: second rule errors": {
 			spec: Spec{Name: "p", Version: 1, Rules: []RuleSpec{
 				{Name: "ok", Op: "insert", Table: "t", Set: map[string]string{"v": "1"}},
 				{Name: "bad", Op: "insert", Table: "u", Set: map[string]string{"v": "data.missing"}},
@@ -385,16 +371,15 @@ func TestEvalErrors(t *testing.T) {
 			want:      EvalError{Projection: "p", Version: 1, Rule: "bad", Field: "set.v"},
 			wantCause: ErrNilValue,
 		},
-		{
-			name:      "unsupported result type",
+		"unsupported result type": {
 			spec:      setRule("id != '' ? occurred_at.Add : 1"),
 			event:     ev("E", nil),
 			want:      EvalError{Projection: "p", Version: 1, Rule: "r", Field: "set.v"},
 			wantCause: ErrWrongType,
 		},
 	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
+	for name, tt := range tests {
+		t.Run(name, func(t *testing.T) {
 			p := mustCompile(t, tt.spec)
 			e := tt.event
 			intents, err := p.Eval(e)

@@ -138,49 +138,41 @@ func connectError(t *testing.T) error {
 }
 
 func TestClassifyClassString(t *testing.T) {
-	tests := []struct {
-		name string
-		c    Class
-		want string
-	}{
-		{"none", ClassNone, "none"},
-		{"transient", ClassTransient, "transient"},
-		{"integrity", ClassIntegrity, "integrity"},
-		{"structural", ClassStructural, "structural"},
-		{"out of range", Class(42), "unknown"},
+	names := map[Class]string{
+		ClassNone:       "none",
+		ClassTransient:  "transient",
+		ClassIntegrity:  "integrity",
+		ClassStructural: "structural",
+		Class(42):       "unknown", // out of range
 	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			if got := tt.c.String(); got != tt.want {
-				t.Errorf("String() = %q, want %q", got, tt.want)
-			}
-		})
+	for c, want := range names {
+		if got := c.String(); got != want {
+			t.Errorf("Class(%d).String() = %q, want %q", int(c), got, want)
+		}
 	}
 }
 
 func TestClassifySQLStateDescribe(t *testing.T) {
-	tests := []struct {
-		name      string
-		err       error
-		wantState string
-		wantDesc  string
+	tests := map[string]struct {
+		err                 error
+		wantState, wantDesc string
 	}{
-		{"nil", nil, "", ""},
-		{"plain", errors.New("boom"), "", ""},
-		{"unique", pgErr("23505"), "23505", "23505 (unique_violation)"},
-		{"wrapped not null", fmt.Errorf("a: %w", fmt.Errorf("b: %w", pgErr("23502"))), "23502", "23502 (not_null_violation)"},
-		{"bad text", pgErr("22P02"), "22P02", "22P02 (invalid_text_representation)"},
-		{"encoding", pgErr("22021"), "22021", "22021 (character_not_in_repertoire)"},
-		{"undefined table", pgErr("42P01"), "42P01", "42P01 (undefined_table)"},
-		{"privilege", pgErr("42501"), "42501", "42501 (insufficient_privilege)"},
-		{"schema", pgErr("3F000"), "3F000", "3F000 (invalid_schema_name)"},
-		{"serialization", pgErr("40001"), "40001", "40001 (serialization_failure)"},
-		{"idle session", pgErr("57P05"), "57P05", "57P05 (idle_session_timeout)"},
-		{"internal", pgErr("XX000"), "XX000", "XX000 (internal_error)"},
-		{"unknown code", pgErr("ZZ999"), "ZZ999", "ZZ999"},
+		"nil":              {nil, "", ""},
+		"plain":            {errors.New("boom"), "", ""},
+		"unique":           {pgErr("23505"), "23505", "23505 (unique_violation)"},
+		"wrapped not null": {fmt.Errorf("a: %w", fmt.Errorf("b: %w", pgErr("23502"))), "23502", "23502 (not_null_violation)"},
+		"bad text":         {pgErr("22P02"), "22P02", "22P02 (invalid_text_representation)"},
+		"encoding":         {pgErr("22021"), "22021", "22021 (character_not_in_repertoire)"},
+		"undefined table":  {pgErr("42P01"), "42P01", "42P01 (undefined_table)"},
+		"privilege":        {pgErr("42501"), "42501", "42501 (insufficient_privilege)"},
+		"schema":           {pgErr("3F000"), "3F000", "3F000 (invalid_schema_name)"},
+		"serialization":    {pgErr("40001"), "40001", "40001 (serialization_failure)"},
+		"idle session":     {pgErr("57P05"), "57P05", "57P05 (idle_session_timeout)"},
+		"internal":         {pgErr("XX000"), "XX000", "XX000 (internal_error)"},
+		"unknown code":     {pgErr("ZZ999"), "ZZ999", "ZZ999"},
 	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
+	for name, tt := range tests {
+		t.Run(name, func(t *testing.T) {
 			if got := Code(tt.err); got != tt.wantState {
 				t.Errorf("Code() = %q, want %q", got, tt.wantState)
 			}

@@ -144,9 +144,6 @@ func throughput(r *results) *plot.Plot {
 			}
 		}
 	}
-	if len(groups) == 0 {
-		return nil
-	}
 	return grouped("Throughput, events/s (log scale)", "events/s", groups, true, kilo, engine, ceiling, loop)
 }
 
@@ -164,9 +161,6 @@ func latency(r *results) *plot.Plot {
 			mx.values = append(mx.values, l.Max)
 		}
 	}
-	if len(groups) == 0 {
-		return nil
-	}
 	return grouped("W4 live: commit-to-commit latency, ms (log scale)", "ms", groups, true, millis, p50, p99, mx)
 }
 
@@ -178,14 +172,15 @@ func memory(r *results) *plot.Plot {
 		groups = append(groups, kilo(float64(m.Events))+" events")
 		rss.values = append(rss.values, m.PeakRSSMB)
 	}
-	if len(groups) == 0 {
-		return nil
-	}
 	return grouped("Engine peak RSS per backfill, MB", "MB", groups, false, megabytes, rss)
 }
 
-// grouped builds a grouped bar chart with value labels on the bars.
+// grouped builds a grouped bar chart with value labels on the bars, or
+// returns nil when there are no groups to draw.
 func grouped(title, unit string, groups []string, logScale bool, label func(float64) string, ss ...series) *plot.Plot {
+	if len(groups) == 0 {
+		return nil // the results hold nothing for this chart
+	}
 	p := plot.New()
 	p.Title.Text = title
 	p.Title.TextStyle.Font.Size = 14

@@ -12,31 +12,28 @@ import (
 )
 
 func TestDatabaseName(t *testing.T) {
-	tests := []struct {
-		name     string
-		testName string
-		prefix   string
-	}{
-		{name: "plain", testName: "TestApply", prefix: "testapply_"},
-		{name: "subtest", testName: "TestApply/crash_mid-batch", prefix: "testapply_crash_mid_batch_"},
-		{name: "digit first", testName: "1/x", prefix: "t_1_x_"},
-		{name: "nothing usable", testName: "///", prefix: "t__"},
-		{name: "long", testName: strings.Repeat("TestVeryLong", 10), prefix: "testverylong"},
+	// Test name → the prefix its database name must start with.
+	prefixes := map[string]string{
+		"TestApply":                        "testapply_",
+		"TestApply/crash_mid-batch":        "testapply_crash_mid_batch_", // subtest
+		"1/x":                              "t_1_x_",                     // digit first
+		"///":                              "t__",                        // nothing usable
+		strings.Repeat("TestVeryLong", 10): "testverylong",               // too long
 	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			got := DatabaseName(tt.testName)
-			if !strings.HasPrefix(got, tt.prefix) {
-				t.Errorf("DatabaseName(%q) = %q, want prefix %q", tt.testName, got, tt.prefix)
+	for testName, prefix := range prefixes {
+		t.Run(testName, func(t *testing.T) {
+			got := DatabaseName(testName)
+			if !strings.HasPrefix(got, prefix) {
+				t.Errorf("DatabaseName(%q) = %q, want prefix %q", testName, got, prefix)
 			}
 			if len(got) > 63 {
-				t.Errorf("DatabaseName(%q) = %q is %d bytes", tt.testName, got, len(got))
+				t.Errorf("DatabaseName(%q) = %q is %d bytes", testName, got, len(got))
 			}
 			if strings.Trim(got, "abcdefghijklmnopqrstuvwxyz0123456789_") != "" {
-				t.Errorf("DatabaseName(%q) = %q has characters that need quoting", tt.testName, got)
+				t.Errorf("DatabaseName(%q) = %q has characters that need quoting", testName, got)
 			}
-			if again := DatabaseName(tt.testName); again == got {
-				t.Errorf("DatabaseName(%q) returned %q twice", tt.testName, got)
+			if again := DatabaseName(testName); again == got {
+				t.Errorf("DatabaseName(%q) returned %q twice", testName, got)
 			}
 		})
 	}

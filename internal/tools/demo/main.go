@@ -153,18 +153,10 @@ func run(bin, cfgPath, schemaPath string, rate int, duration time.Duration) erro
 		} else {
 			say("appending nothing more (-rate 0); metrics at http://%s/metrics — Ctrl-C to stop", cfg.Metrics.Listen)
 		}
-		tick := time.NewTicker(3 * time.Second)
-		defer tick.Stop()
-		for {
-			select {
-			case <-ctx.Done():
-				return nil
-			case err := <-exited:
-				return fmt.Errorf("engine stopped on its own: %w", errOrStatus(err))
-			case <-tick.C:
-				show(ctx, pool, cfg)
-			}
-		}
+		return whileRunning(ctx, 3*time.Second, exited, func() bool {
+			show(ctx, pool, cfg)
+			return false
+		})
 	}()
 	if engineErr != nil {
 		_ = engine.Process.Signal(syscall.SIGTERM)
@@ -235,19 +227,10 @@ func stopEngine(p *os.Process, sig os.Signal, first time.Time, sigs <-chan os.Si
 func waitBackfilled(ctx context.Context, pool *pgxpool.Pool, cfg *config.Config, exited <-chan error) error {
 	q := `SELECT projection, version, coalesce(backfill_total, 0) FROM ` +
 		pgx.Identifier{cfg.Engine.Schema, "watermarks"}.Sanitize() + ` WHERE phase = 'live' ORDER BY projection`
-	t := time.NewTicker(100 * time.Millisecond)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return nil
-		case err := <-exited:
-			return fmt.Errorf("engine stopped on its own: %w", errOrStatus(err))
-		case <-t.C:
-		}
+	return whileRunning(ctx, 100*time.Millisecond, exited, func() bool {
 		rows, err := pool.Query(ctx, q)
 		if err != nil {
-			continue
+			return false
 		}
 		var done []string
 		for rows.Next() {
@@ -260,7 +243,28 @@ func waitBackfilled(ctx context.Context, pool *pgxpool.Pool, cfg *config.Config,
 		rows.Close()
 		if len(done) == len(cfg.Projections) {
 			say("backfill complete: %s", strings.Join(done, ", "))
+			return true
+		}
+		return false
+	})
+}
+
+// whileRunning calls step every period until step reports it is done or ctx
+// ends (both nil), or the engine exits first, which is an error: the demo
+// never expects the engine to stop on its own.
+func whileRunning(ctx context.Context, every time.Duration, exited <-chan error, step func() (done bool)) error {
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
 			return nil
+		case err := <-exited:
+			return fmt.Errorf("engine stopped on its own: %w", errOrStatus(err))
+		case <-t.C:
+			if step() {
+				return nil
+			}
 		}
 	}
 }
