@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/pgscribe/pgscribe/config"
+	"github.com/pgscribe/pgscribe/control"
 	"github.com/pgscribe/pgscribe/cursor"
 	"github.com/pgscribe/pgscribe/deadletter"
 	"github.com/pgscribe/pgscribe/engine"
@@ -38,6 +39,9 @@ import (
 //     phase "backfilling".
 //   - live: the lock is held, the phase is "live" and a walsender streams the
 //     slot (pg_replication_slots.active_pid is set).
+//   - paused: the lock is held and an operator paused the version
+//     (`pgscribe pause`, the controls table): the active node applies
+//     nothing and keeps its lock and slot. A halt shows as halted.
 //   - starting: the lock is held and the phase is "live" but no walsender
 //     streams the slot yet: the active node is opening or reopening its
 //     stream. It only lasts long when that node is stuck.
@@ -84,10 +88,15 @@ type ProjectionStatus struct {
 	LockPID int32  `json:"lock_pid,omitempty"`
 	// HaltedAt and HaltReason are set when the active node halted the
 	// projection (it keeps the lock while halted).
-	HaltedAt   *time.Time       `json:"halted_at,omitempty"`
-	HaltReason string           `json:"halt_reason,omitempty"`
-	Slot       SlotStatus       `json:"slot"`
-	Watermark  *WatermarkStatus `json:"watermark"`
+	HaltedAt   *time.Time `json:"halted_at,omitempty"`
+	HaltReason string     `json:"halt_reason,omitempty"`
+	// Paused is set while an operator paused the version (with or without
+	// an engine running it: a node that starts obeys it).
+	Paused *PauseStatus `json:"paused,omitempty"`
+	// PendingRetries counts `deadletters retry` requests not run yet.
+	PendingRetries int64            `json:"pending_retries"`
+	Slot           SlotStatus       `json:"slot"`
+	Watermark      *WatermarkStatus `json:"watermark"`
 	// LagSeconds is 0 when every event is accounted for, else the age of
 	// the watermark's commit: an upper bound of the age of the oldest event
 	// not yet applied. The stored watermark trails the engine's by up to
@@ -107,6 +116,13 @@ type ProjectionStatus struct {
 	// Notes are remarks an operator should read (a lost slot, a missing
 	// one), in plain sentences.
 	Notes []string `json:"notes,omitempty"`
+}
+
+// PauseStatus is an operator's pause of a projection version.
+type PauseStatus struct {
+	At     time.Time `json:"at"`
+	Reason string    `json:"reason,omitempty"`
+	By     string    `json:"by,omitempty"`
 }
 
 // SlotStatus is the projection version's replication slot on the source.
@@ -294,7 +310,18 @@ func Status(ctx context.Context, cfg *config.Config) (*StatusReport, error) {
 			return nil, err
 		}
 
+		ctl, pendingRetries, err := loadControls(ctx, c.target, schema, spec.Name, spec.Version)
+		if err != nil {
+			return nil, err
+		}
 		ps.State = deriveState(pid != 0, haveWM, wm.Phase, slot.ActivePID != 0)
+		ps.PendingRetries = pendingRetries
+		if ctl.Paused() {
+			ps.Paused = &PauseStatus{At: *ctl.PausedAt, Reason: ctl.PauseReason, By: ctl.PausedBy}
+			if pid != 0 {
+				ps.State = engine.StatePaused
+			}
+		}
 		if pid != 0 && haveLease && ls.HaltedAt != nil {
 			// A halted engine keeps the lock and records why (engine.Run).
 			ps.State = engine.StateHalted
@@ -320,7 +347,7 @@ func Status(ctx context.Context, cfg *config.Config) (*StatusReport, error) {
 		ps.DeadLetters = dl.Total
 		ps.BacklogEvents = max(rep.Events-(totals.Applied+totals.Skipped+totals.DeadLettered), 0)
 		ps.LagSeconds = lagSeconds(ps.State, ps.BacklogEvents, wm.CommitTime, rep.CheckedAt)
-		if ps.State == engine.StateBackfilling {
+		if ps.State == engine.StateBackfilling || ps.State == engine.StatePaused && (!haveWM || wm.Phase != cursor.PhaseLive) {
 			var started time.Time
 			if haveLease {
 				started = ls.Acquired
@@ -399,6 +426,16 @@ func deriveState(locked, haveWatermark bool, phase string, streaming bool) engin
 	}
 }
 
+// loadControls reads a version's pause and counts its pending retries.
+func loadControls(ctx context.Context, q event.Querier, schema, projection string, version int64) (control.State, int64, error) {
+	st, err := control.Load(ctx, q, schema, projection, version)
+	if err != nil {
+		return control.State{}, 0, err
+	}
+	n, err := control.PendingRetries(ctx, q, schema, projection, version)
+	return st, n, err
+}
+
 // lagSeconds is 0 when nothing is pending, the age of the watermark's commit
 // when events are, and unknown while backfilling or without a commit time.
 func lagSeconds(state engine.State, backlog int64, commit, now time.Time) *float64 {
@@ -451,7 +488,24 @@ func statusNotes(ps ProjectionStatus, haveWM bool, wmSlot string, hasCursors boo
 		notes = append(notes, fmt.Sprintf("the watermark belongs to slot %q (slot_prefix changed?): the next run rebuilds", wmSlot))
 	}
 	if ps.State == engine.StateHalted {
-		notes = append(notes, fmt.Sprintf("halted on node %s: %s — fix the cause, then restart pgscribe on that node; nothing of the failing batch was acknowledged", ps.Node, ps.HaltReason))
+		notes = append(notes, fmt.Sprintf("halted on node %s: %s — fix the cause, then run pgscribe resume -projection %s -version %d (or restart pgscribe on that node); nothing of the failing batch was acknowledged",
+			ps.Node, ps.HaltReason, ps.Projection, ps.Version))
+	}
+	if p := ps.Paused; p != nil {
+		what := "paused"
+		if p.Reason != "" {
+			what += " (" + p.Reason + ")"
+		}
+		what += " by " + orDash(p.By) + " at " + p.At.UTC().Format(time.RFC3339)
+		if ps.State == engine.StatePaused {
+			notes = append(notes, fmt.Sprintf("%s: node %s applies nothing and keeps its lock; the slot retains WAL (%s now) until pgscribe resume -projection %s -version %d",
+				what, ps.Node, formatBytesPtr(ps.WALRetainedBytes), ps.Projection, ps.Version))
+		} else {
+			notes = append(notes, fmt.Sprintf("%s: the node that runs it next will wait for pgscribe resume -projection %s -version %d", what, ps.Projection, ps.Version))
+		}
+	}
+	if ps.PendingRetries > 0 {
+		notes = append(notes, fmt.Sprintf("%d dead-letter retry request(s) wait for the active node", ps.PendingRetries))
 	}
 	if ps.State == engine.StateStopped && ps.Slot.Exists {
 		notes = append(notes, "nothing runs it, and its slot retains WAL on the source until it runs again (or pgscribe reset drops it)")

@@ -54,6 +54,9 @@ type Observer interface {
 type Input struct {
 	Event *event.Event
 	Token uint64
+	// Redrive, when set, makes the input a dead letter to retry (see
+	// Redrive), not an event from the source.
+	Redrive *Redrive
 }
 
 // Options configures a Committer.
@@ -203,16 +206,7 @@ func (c *Committer) commit(ctx context.Context, batch []Input, part *partition, 
 		switch {
 		case err != nil:
 			p.out = outDead
-			p.kind = "rule"
-			var k interface{ Kind() string }
-			if errors.As(err, &k) {
-				p.kind = k.Kind()
-			}
-			p.message = err.Error()
-			var m interface{ Message() string }
-			if errors.As(err, &m) {
-				p.message = m.Message()
-			}
+			p.kind, p.message = evalFailure(err)
 		case len(intents) == 0:
 			p.out = outSkip
 		default:
@@ -222,7 +216,7 @@ func (c *Committer) commit(ctx context.Context, batch []Input, part *partition, 
 	}
 
 	isolate := false
-	retry := sqlstate.Policy{MaxAttempts: c.opts.MaxAttempts, Backoff: c.opts.Backoff, MaxBackoff: c.opts.MaxBackoff}.Start()
+	retry := c.retryPolicy().Start()
 	for {
 		res, err := c.attempt(ctx, evals, isolate, final, part)
 		if errors.Is(err, errSuspect) {

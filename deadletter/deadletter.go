@@ -172,8 +172,9 @@ type Filter struct {
 	Version    int64 // 0 = any version
 	StreamID   string
 	ErrorKind  string
-	AfterID    int64 // List only: rows with a larger id (paging: pass the last id seen)
-	Limit      int   // List only: default 100, at most 10000
+	IDs        []int64 // only these ids (none: any)
+	AfterID    int64   // List only: rows with a larger id (paging: pass the last id seen)
+	Limit      int     // List only: default 100, at most 10000
 }
 
 // Paging bounds of List.
@@ -202,6 +203,9 @@ func (f Filter) where() (string, []any) {
 	if f.ErrorKind != "" {
 		add("error_kind = ?", f.ErrorKind)
 	}
+	if len(f.IDs) > 0 {
+		add("id = ANY(?)", f.IDs)
+	}
 	if len(conds) == 0 {
 		return "", nil
 	}
@@ -224,14 +228,26 @@ func List(ctx context.Context, q Querier, schema string, f Filter) ([]Row, error
 	} else {
 		where += " AND " + page
 	}
-	sql := `SELECT id, projection, version, position, event_id, stream_id, stream_position, event_type,
-  error_kind, error_message, event_data::text, event_metadata::text, occurred_at, dead_lettered_at
+	sql := `SELECT ` + rowColumns + `
 FROM ` + pgx.Identifier{schema, "dead_letters"}.Sanitize() + where +
 		" ORDER BY id LIMIT $" + strconv.Itoa(len(args))
 	rows, err := q.Query(ctx, sql, args...)
 	if err != nil {
 		return nil, fmt.Errorf("list dead letters: %w", err)
 	}
+	out, err := scanRows(rows)
+	if err != nil {
+		return nil, fmt.Errorf("list dead letters: %w", err)
+	}
+	return out, nil
+}
+
+// rowColumns are the columns scanRows reads, in its order.
+const rowColumns = `id, projection, version, position, event_id, stream_id, stream_position, event_type,
+  error_kind, error_message, event_data::text, event_metadata::text, occurred_at, dead_lettered_at`
+
+// scanRows reads rows of rowColumns.
+func scanRows(rows pgx.Rows) ([]Row, error) {
 	defer rows.Close()
 	var out []Row
 	for rows.Next() {
@@ -241,7 +257,7 @@ FROM ` + pgx.Identifier{schema, "dead_letters"}.Sanitize() + where +
 		if err := rows.Scan(&r.ID, &r.Projection, &r.Version, &r.Position, &r.EventID, &r.StreamID,
 			&r.StreamPosition, &r.EventType, &r.ErrorKind, &r.ErrorMessage, &data, &meta, &occurred,
 			&r.DeadLetteredAt); err != nil {
-			return nil, fmt.Errorf("list dead letters: %w", err)
+			return nil, err
 		}
 		if data != nil {
 			r.EventData = []byte(*data)
@@ -254,10 +270,7 @@ FROM ` + pgx.Identifier{schema, "dead_letters"}.Sanitize() + where +
 		}
 		out = append(out, r)
 	}
-	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("list dead letters: %w", err)
-	}
-	return out, nil
+	return out, rows.Err()
 }
 
 // KindCount is the number of dead letters of one error kind.

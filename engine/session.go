@@ -39,11 +39,14 @@ type session struct {
 	backfilling atomic.Bool // until the backfill's last event committed
 	ledger      *ledger
 	parts       *apply.Partitions
+
+	ctl     *controls   // the operator controls this session obeys
+	pausing atomic.Bool // an operator paused the live session: it ends with errPaused
 }
 
 // session runs one active period while lease is held.
-func (p *Projection) session(ctx context.Context, lease *leader.Lease) error {
-	s := &session{Projection: p, lease: lease, store: cursor.New(p.cfg.Engine.Schema, p.spec.Name, p.spec.Version),
+func (p *Projection) session(ctx context.Context, lease *leader.Lease, ctl *controls) error {
+	s := &session{Projection: p, lease: lease, ctl: ctl, store: cursor.New(p.cfg.Engine.Schema, p.spec.Name, p.spec.Version),
 		src: replication.Source{URL: p.cfg.Database.URL, Table: p.cfg.Source.Table, Publication: p.cfg.Source.Publication,
 			Slot: p.slot, Columns: replication.Columns(p.cfg.Source.Columns)},
 		retry: sqlstate.Policy{MaxAttempts: p.cfg.Retry.MaxAttempts, Backoff: p.cfg.Retry.Backoff, MaxBackoff: p.cfg.Retry.MaxBackoff}}
@@ -94,6 +97,8 @@ func (s *session) run(ctx context.Context) error {
 
 	lagDone := make(chan struct{})
 	go func() { defer close(lagDone); s.reportLag(sessCtx) }()
+	ctlDone := make(chan struct{})
+	go func() { defer close(ctlDone); s.obeyControls(sessCtx, cancel) }()
 
 	replConn, err := replication.ConnectReplication(sessCtx, s.cfg.Database.URL)
 	if err == nil {
@@ -107,6 +112,7 @@ func (s *session) run(ctx context.Context) error {
 	werr := <-workErr
 	cancel()
 	<-lagDone
+	<-ctlDone
 	if replConn != nil && !s.backfilling.Load() {
 		s.ledger.confirm(context.WithoutCancel(ctx), replConn)
 	}
@@ -115,6 +121,9 @@ func (s *session) run(ctx context.Context) error {
 	}
 	if ctx.Err() != nil {
 		return nil
+	}
+	if s.pausing.Load() {
+		return errPaused
 	}
 	return err
 }

@@ -24,6 +24,7 @@ type Metrics struct {
 	LastCommit    *prometheus.GaugeVec
 	Active        *prometheus.GaugeVec
 	Halted        *prometheus.GaugeVec
+	Paused        *prometheus.GaugeVec
 	DeadLetters   *prometheus.CounterVec
 	StreamGaps    *prometheus.CounterVec
 	Reconnects    *prometheus.CounterVec
@@ -70,6 +71,8 @@ func NewMetrics(reg prometheus.Registerer, version string) *Metrics {
 			Help: "1 on the node holding the projection's lock, else 0."}, pv),
 		Halted: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "pgscribe_halted",
 			Help: "1 when the projection is halted on a structural failure."}, pv),
+		Paused: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "pgscribe_paused",
+			Help: "1 while an operator paused the projection (pgscribe pause) on the node holding its lock."}, pv),
 		DeadLetters: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "pgscribe_dead_letters_total",
 			Help: "Dead-lettered events by error kind."}, append(pv, "error_kind")),
 		StreamGaps: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "pgscribe_stream_gaps_total",
@@ -91,7 +94,7 @@ func NewMetrics(reg prometheus.Registerer, version string) *Metrics {
 		Help: "Build information; always 1."}, []string{"version", "goversion"})
 	info.WithLabelValues(version, runtime.Version()).Set(1)
 	reg.MustRegister(m.Events, m.Batches, m.BatchDuration, m.BatchEvents, m.LagSeconds, m.LagBytes,
-		m.Backlog, m.WatermarkLSN, m.LastCommit, m.Active, m.Halted, m.DeadLetters, m.StreamGaps,
+		m.Backlog, m.WatermarkLSN, m.LastCommit, m.Active, m.Halted, m.Paused, m.DeadLetters, m.StreamGaps,
 		m.Reconnects, m.BackfillDone, m.BackfillTotal, m.WatermarkTime, m.SlotRetained, m.ProbeErrors, info)
 	return m
 }
@@ -126,7 +129,7 @@ func (m *Metrics) For(name string, version int64) *Projection {
 	for _, r := range []string{"committed", "retried", "isolated", "halted"} {
 		m.Batches.WithLabelValues(name, v, r)
 	}
-	for _, g := range []*prometheus.GaugeVec{m.LagSeconds, m.LagBytes, m.Backlog, m.WatermarkLSN, m.Active, m.Halted,
+	for _, g := range []*prometheus.GaugeVec{m.LagSeconds, m.LagBytes, m.Backlog, m.WatermarkLSN, m.Active, m.Halted, m.Paused,
 		m.WatermarkTime, m.SlotRetained, m.BackfillDone, m.BackfillTotal} {
 		g.WithLabelValues(name, v)
 	}
@@ -170,6 +173,9 @@ func (p *Projection) SetActive(on bool) { p.m.Active.WithLabelValues(p.name, p.v
 
 // SetHalted sets pgscribe_halted.
 func (p *Projection) SetHalted(on bool) { p.m.Halted.WithLabelValues(p.name, p.ver).Set(b2f(on)) }
+
+// SetPaused sets pgscribe_paused.
+func (p *Projection) SetPaused(on bool) { p.m.Paused.WithLabelValues(p.name, p.ver).Set(b2f(on)) }
 
 // Report sets the lag gauges from a reading. What the reading does not
 // know (slot, backlog, watermark time, last commit) leaves those gauges as
