@@ -72,8 +72,10 @@ ON CONFLICT (projection, version) DO UPDATE SET paused_at = now(), pause_reason 
 // Resume clears a pause and bumps resume_seq, which also wakes a halted
 // holder. It reports whether the version was paused.
 func Resume(ctx context.Context, q event.Querier, schema, projection string, version int64) (wasPaused bool, err error) {
+	// old reads the row as the statement's snapshot has it, before the
+	// update (FOR UPDATE would skip the row the update changed).
 	err = q.QueryRow(ctx, `WITH old AS (
-  SELECT paused_at FROM `+table(schema, "controls")+` WHERE projection = $1 AND version = $2 FOR UPDATE)
+  SELECT paused_at FROM `+table(schema, "controls")+` WHERE projection = $1 AND version = $2)
 INSERT INTO `+table(schema, "controls")+` AS c (projection, version, resume_seq)
 VALUES ($1, $2, 1)
 ON CONFLICT (projection, version) DO UPDATE SET paused_at = NULL, pause_reason = NULL, paused_by = NULL,
