@@ -15,6 +15,7 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -67,6 +68,11 @@ Usage:
       rules it runs now, per stream in position order; an event that fails
       again stays, with its new reason. Waits for the outcome; queued when no
       engine runs the version. -dry-run prints what the rules would write.
+  pgscribe deadletters skip [-config FILE] [-projection NAME -version N]
+                            [-id ID]... [-stream ID] [-kind KIND]
+      Like retry, but the active node drops the dead letters (counted as
+      skipped) and releases the events their streams parked (on_error = "park")
+      in order, without them.
   pgscribe deadletters discard [-config FILE] [-projection NAME] [-version N]
                                [-id ID]... [-stream ID] [-kind KIND] [-yes]
       Drop the selected dead letters (counted as skipped in their cursors).
@@ -268,8 +274,8 @@ func run(args []string, stdout, stderr io.Writer) error {
 
 // deadLetters runs `deadletters list|stats`.
 func deadLetters(fs *flag.FlagSet, configPath *string, args []string, stdout, stderr io.Writer) error {
-	if len(args) == 0 || (args[0] != "list" && args[0] != "stats" && args[0] != "retry" && args[0] != "discard") {
-		return usageErr("deadletters needs a subcommand: list, stats, retry or discard")
+	if len(args) == 0 || !slices.Contains([]string{"list", "stats", "retry", "skip", "discard"}, args[0]) {
+		return usageErr("deadletters needs a subcommand: list, stats, retry, skip or discard")
 	}
 	sub := args[0]
 	var f deadletter.Filter
@@ -282,9 +288,11 @@ func deadLetters(fs *flag.FlagSet, configPath *string, args []string, stdout, st
 	switch sub {
 	case "list", "stats":
 		asJSON = fs.Bool("json", false, "print JSON")
-	case "retry":
+	case "retry", "skip":
 		fs.Var((*idList)(&f.IDs), "id", "only this dead letter `id` (repeatable)")
-		dryRun = fs.Bool("dry-run", false, "print what the rules would write now; change nothing")
+		if sub == "retry" {
+			dryRun = fs.Bool("dry-run", false, "print what the rules would write now; change nothing")
+		}
 	case "discard":
 		fs.Var((*idList)(&f.IDs), "id", "only this dead letter `id` (repeatable)")
 		yes = fs.Bool("yes", false, "discard; without it, only print what would be discarded")
@@ -308,7 +316,7 @@ func deadLetters(fs *flag.FlagSet, configPath *string, args []string, stdout, st
 	if err != nil {
 		return err
 	}
-	if (sub == "retry" || sub == "discard") && (f.Projection == "") != (f.Version == 0) {
+	if (sub == "retry" || sub == "skip" || sub == "discard") && (f.Projection == "") != (f.Version == 0) {
 		return usageErr("%s: give -projection and -version together, or neither", sub)
 	}
 	ctx, stop := signalContext()
@@ -316,12 +324,16 @@ func deadLetters(fs *flag.FlagSet, configPath *string, args []string, stdout, st
 	switch sub {
 	case "list":
 		return admin.ListDeadLetters(ctx, cfg, f, *asJSON, stdout)
-	case "retry":
+	case "retry", "skip":
 		progs, err := engine.Compile(cfg)
 		if err != nil {
 			return &exitError{code: 2, err: err}
 		}
-		return admin.RetryDeadLetters(ctx, cfg, admin.RetryOptions{Filter: f, DryRun: *dryRun, Programs: progs}, stdout)
+		o := admin.RetryOptions{Filter: f, Skip: sub == "skip", Programs: progs}
+		if dryRun != nil {
+			o.DryRun = *dryRun
+		}
+		return admin.RetryDeadLetters(ctx, cfg, o, stdout)
 	case "discard":
 		return admin.DiscardDeadLetters(ctx, cfg, admin.DiscardOptions{Filter: f, Yes: *yes}, stdout)
 	}

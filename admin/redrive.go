@@ -44,6 +44,9 @@ var ErrDiscardNotConfirmed = errors.New("nothing was discarded: rerun with -yes 
 type RetryOptions struct {
 	Filter deadletter.Filter // Projection, Version, IDs, StreamID, ErrorKind
 	DryRun bool
+	// Skip drops the dead letters instead, through the active node, and
+	// releases the streams they parked (`deadletters skip`).
+	Skip bool
 	// Programs are cfg's compiled rules, in cfg.Projections order (for
 	// -dry-run).
 	Programs []*rules.Program
@@ -84,13 +87,13 @@ func RetryDeadLetters(ctx context.Context, cfg *config.Config, o RetryOptions, w
 		}
 		f := o.Filter
 		f.Projection, f.Version = v.Projection, v.Version
-		if o.DryRun {
+		if o.DryRun && !o.Skip {
 			if err := dryRun(ctx, conn, schema, f, prog, w); err != nil {
 				return err
 			}
 			continue
 		}
-		if err := retryVersion(ctx, conn, cfg, f, v.Count, w); err != nil {
+		if err := retryVersion(ctx, conn, cfg, f, o.Skip, v.Count, w); err != nil {
 			return err
 		}
 	}
@@ -109,11 +112,11 @@ func programOf(cfg *config.Config, progs []*rules.Program, name string, version 
 // retryPoll is how often the command looks whether its request ran.
 const retryPoll = 200 * time.Millisecond
 
-func retryVersion(ctx context.Context, conn *pgx.Conn, cfg *config.Config, f deadletter.Filter, count int64, w io.Writer) error {
+func retryVersion(ctx context.Context, conn *pgx.Conn, cfg *config.Config, f deadletter.Filter, skip bool, count int64, w io.Writer) error {
 	schema := cfg.Engine.Schema
 	name := fmt.Sprintf("%s v%d", f.Projection, f.Version)
 	id, err := control.RequestRetry(ctx, conn, schema, control.Retry{Projection: f.Projection, Version: f.Version,
-		IDs: f.IDs, ErrorKind: f.ErrorKind, StreamID: f.StreamID, RequestedBy: "pgscribe deadletters retry on " + cfg.Engine.Node})
+		IDs: f.IDs, ErrorKind: f.ErrorKind, StreamID: f.StreamID, Skip: skip, RequestedBy: "pgscribe deadletters retry on " + cfg.Engine.Node})
 	if err != nil {
 		return err
 	}
@@ -125,6 +128,11 @@ func retryVersion(ctx context.Context, conn *pgx.Conn, cfg *config.Config, f dea
 		if r.DoneAt != nil {
 			if r.Error != "" {
 				return fmt.Errorf("%s: retry request %d failed: %s", name, id, r.Error)
+			}
+			if skip {
+				_, err := fmt.Fprintf(w, "%s: %d dead letter(s) skipped on node %s (counted as skipped); the streams they parked are released\n",
+					name, r.Applied, r.Node)
+				return err
 			}
 			_, err := fmt.Fprintf(w, "%s: %d dead letter(s) retried on node %s: %d applied, %d failed again (kept with their new reason: pgscribe deadletters list -projection %s -version %d)\n",
 				name, r.Selected, r.Node, r.Applied, r.Failed, f.Projection, f.Version)

@@ -105,14 +105,18 @@ type ProjectionStatus struct {
 	// LagBytes is the source's WAL position minus the slot's confirmed LSN.
 	LagBytes *int64 `json:"lag_bytes"`
 	// BacklogEvents is the number of events not yet accounted for: rows in
-	// the events table minus applied, skipped and dead-lettered events of the
-	// version's cursors (never below 0).
+	// the events table minus applied, skipped, dead-lettered and parked
+	// events of the version's cursors (never below 0).
 	BacklogEvents int64 `json:"backlog_events"`
 	// WALRetainedBytes is the WAL the slot keeps on the source: its WAL
 	// position minus the slot's restart LSN.
-	WALRetainedBytes *int64          `json:"wal_retained_bytes"`
-	DeadLetters      int64           `json:"dead_letters"`
-	Backfill         *BackfillStatus `json:"backfill,omitempty"`
+	WALRetainedBytes *int64 `json:"wal_retained_bytes"`
+	DeadLetters      int64  `json:"dead_letters"`
+	// ParkedEvents are events held behind a dead letter of their stream,
+	// in ParkedStreams streams (on_error = "park").
+	ParkedEvents  int64           `json:"parked_events"`
+	ParkedStreams int64           `json:"parked_streams"`
+	Backfill      *BackfillStatus `json:"backfill,omitempty"`
 	// Notes are remarks an operator should read (a lost slot, a missing
 	// one), in plain sentences.
 	Notes []string `json:"notes,omitempty"`
@@ -345,7 +349,8 @@ func Status(ctx context.Context, cfg *config.Config) (*StatusReport, error) {
 			ps.Watermark = w
 		}
 		ps.DeadLetters = dl.Total
-		ps.BacklogEvents = max(rep.Events-(totals.Applied+totals.Skipped+totals.DeadLettered), 0)
+		ps.ParkedEvents, ps.ParkedStreams = totals.Parked, totals.ParkedStreams
+		ps.BacklogEvents = max(rep.Events-(totals.Applied+totals.Skipped+totals.DeadLettered+totals.Parked), 0)
 		ps.LagSeconds = lagSeconds(ps.State, ps.BacklogEvents, wm.CommitTime, rep.CheckedAt)
 		if ps.State == engine.StateBackfilling || ps.State == engine.StatePaused && (!haveWM || wm.Phase != cursor.PhaseLive) {
 			var started time.Time
@@ -503,6 +508,10 @@ func statusNotes(ps ProjectionStatus, haveWM bool, wmSlot string, hasCursors boo
 		} else {
 			notes = append(notes, fmt.Sprintf("%s: the node that runs it next will wait for pgscribe resume -projection %s -version %d", what, ps.Projection, ps.Version))
 		}
+	}
+	if ps.ParkedStreams > 0 {
+		notes = append(notes, fmt.Sprintf("%d stream(s) parked behind a dead letter, holding %d event(s): pgscribe deadletters retry applies them in order once the cause is fixed, pgscribe deadletters skip releases them without it",
+			ps.ParkedStreams, ps.ParkedEvents))
 	}
 	if ps.PendingRetries > 0 {
 		notes = append(notes, fmt.Sprintf("%d dead-letter retry request(s) wait for the active node", ps.PendingRetries))

@@ -65,6 +65,7 @@ type Options struct {
 	Version     int64
 	Schema      string        // engine schema
 	HaltOnError bool          // on_error = "halt"
+	Park        bool          // on_error = "park": a dead letter holds its stream's later events (park.go)
 	MaxAttempts int           // transient retries per batch before giving up; 0 = forever
 	Backoff     time.Duration // first retry delay, doubled up to MaxBackoff
 	MaxBackoff  time.Duration
@@ -147,6 +148,7 @@ func NewCommitter(pool *pgxpool.Pool, opts Options, eval Evaluator, fence Fence,
 // below their stream's cursor: already accounted for by an earlier commit.
 type Result struct {
 	Applied, Skipped, DeadLettered, Duplicates int
+	Parked                                     int // held behind their stream's dead letter
 }
 
 // outcome of one event within a batch attempt.
@@ -157,6 +159,7 @@ const (
 	outSkip
 	outApply
 	outDead
+	outPark // held: its stream is parked (on_error = "park")
 )
 
 type planned struct {
@@ -380,7 +383,7 @@ func (c *Committer) attempt(ctx context.Context, evals []planned, isolate, final
 			c.log.Warn("stream gap", "projection", c.opts.Projection, "version", c.opts.Version,
 				"stream_id", p.ev.StreamID, "cursor", cur.StreamPosition, "stream_position", p.ev.StreamPosition)
 		}
-		curs[p.ev.StreamID] = cursor.Cursor{StreamPosition: p.ev.StreamPosition, Position: p.ev.Position}
+		curs[p.ev.StreamID] = cursor.Cursor{StreamPosition: p.ev.StreamPosition, Position: p.ev.Position, ParkedSince: cur.ParkedSince}
 		a, ok := adv[p.ev.StreamID]
 		if !ok {
 			a = &cursor.Advance{StreamID: p.ev.StreamID}
@@ -393,8 +396,9 @@ func (c *Committer) attempt(ctx context.Context, evals []planned, isolate, final
 	// The circuit is updated on a copy and kept only if this attempt commits,
 	// so a retried attempt does not count the same failures twice.
 	circLocal := part.circ
+	parked := c.parkedStreams(curs)
 	if isolate {
-		applied, failed, err := c.applyIsolated(ctx, conn, plan, &circLocal)
+		applied, failed, err := c.applyIsolated(ctx, conn, plan, &circLocal, parked)
 		if err != nil {
 			return Result{}, err
 		}
@@ -405,6 +409,7 @@ func (c *Committer) attempt(ctx context.Context, evals []planned, isolate, final
 
 	// Outcomes are final here: isolation has run, and a pipelined write
 	// failure fails the whole attempt.
+	held := c.parkPlan(plan, parked, adv, curs)
 	var dead []deadletter.Row
 	var kinds []string
 	for i := range plan {
@@ -424,6 +429,9 @@ func (c *Committer) attempt(ctx context.Context, evals []planned, isolate, final
 			a.DeadLettered++
 			dead = append(dead, deadletter.FromEvent(c.opts.Projection, c.opts.Version, p.ev, p.kind, p.message))
 			kinds = append(kinds, p.kind)
+		case outPark:
+			res.Parked++
+			a.Parked++
 		}
 	}
 	if c.opts.HaltOnError && len(dead) > 0 {
@@ -441,6 +449,9 @@ func (c *Committer) attempt(ctx context.Context, evals []planned, isolate, final
 			if err := deadletter.Insert(ctx, q, c.opts.Schema, dead); err != nil {
 				return fmt.Errorf("insert dead letters: %w", err)
 			}
+		}
+		if err := deadletter.Park(ctx, q, c.opts.Schema, held); err != nil {
+			return err
 		}
 		if len(advances) > 0 {
 			if err := c.cursors.Advance(ctx, q, advances); err != nil {
@@ -631,10 +642,10 @@ func (c *Committer) execIntent(ctx context.Context, tx dbtx, in *event.Intent) e
 // an integrity failure into a dead letter for exactly that event. Events of
 // the same stream after it still apply, in order. It returns how many
 // events applied and how many failed an integrity check.
-func (c *Committer) applyIsolated(ctx context.Context, tx dbtx, plan []planned, circ *circuit) (applied, failedN int, err error) {
+func (c *Committer) applyIsolated(ctx context.Context, tx dbtx, plan []planned, circ *circuit, parked map[string]int64) (applied, failedN int, err error) {
 	for i := range plan {
 		p := &plan[i]
-		if p.out != outApply {
+		if parkOf(p, parked) || p.out != outApply {
 			continue
 		}
 		if _, err := tx.Exec(ctx, "SAVEPOINT pgscribe_event"); err != nil {
@@ -680,6 +691,7 @@ func (c *Committer) applyIsolated(ctx context.Context, tx dbtx, plan []planned, 
 		p.message = failed.Error()
 		p.sqlstate = state
 		p.intents = nil
+		parkOf(p, parked)
 	}
 	return applied, failedN, nil
 }

@@ -158,7 +158,7 @@ func (p *Partitions) work(ctx context.Context, i int, stop <-chan struct{}) erro
 		if len(held) > 0 {
 			in := held[0]
 			held = held[1:]
-			if err := p.redrive(ctx, stop, in); err != nil {
+			if err := p.redrive(ctx, stop, in, &part); err != nil {
 				return err
 			}
 			continue
@@ -170,7 +170,7 @@ func (p *Partitions) work(ctx context.Context, i int, stop <-chan struct{}) erro
 			return nil
 		case in := <-q:
 			if in.Redrive != nil {
-				if err := p.redrive(ctx, stop, in); err != nil {
+				if err := p.redrive(ctx, stop, in, &part); err != nil {
 					return err
 				}
 				continue
@@ -232,11 +232,11 @@ func (p *Partitions) work(ctx context.Context, i int, stop <-chan struct{}) erro
 }
 
 // redrive runs a retried dead letter (see Redrive) and reports its outcome.
-func (p *Partitions) redrive(ctx context.Context, stop <-chan struct{}, in Input) error {
+func (p *Partitions) redrive(ctx context.Context, stop <-chan struct{}, in Input, part *partition) error {
 	if !p.gate.pass(ctx, stop) {
 		return nil
 	}
-	out, err := p.committer.redrive(ctx, in)
+	out, err := p.committer.redrive(ctx, in, part)
 	if err != nil {
 		if ctx.Err() != nil {
 			return nil

@@ -22,6 +22,10 @@ import (
 // when it was dead-lettered.
 type Redrive struct {
 	DeadLetterID int64
+	// Skip drops the dead letter instead (`deadletters skip`): its row goes,
+	// its count moves from dead_lettered to skipped, and a parked stream is
+	// released without it.
+	Skip bool
 	// Done is called from the worker with what became of it.
 	Done func(RedriveOutcome)
 }
@@ -59,16 +63,45 @@ func evalFailure(err error) (kind, message string) {
 // redrive applies one retried dead letter (see Redrive). It returns an
 // error only when the session must end (fenced, cancelled, retries of a
 // transient failure exhausted); any other failure is recorded on the row.
-func (c *Committer) redrive(ctx context.Context, in Input) (RedriveOutcome, error) {
+func (c *Committer) redrive(ctx context.Context, in Input, part *partition) (RedriveOutcome, error) {
+	out, err := c.redriveOne(ctx, in)
+	if err != nil || out != RedriveApplied || !c.opts.Park {
+		return out, err
+	}
+	// The stream's dead letter is gone: apply what it held, in order.
+	part.cursors.forget(in.Event.StreamID)
+	return out, c.release(ctx, in.Event.StreamID)
+}
+
+func (c *Committer) redriveOne(ctx context.Context, in Input) (RedriveOutcome, error) {
 	ev, id := in.Event, in.Redrive.DeadLetterID
-	intents, err := c.eval.Eval(ev)
-	if err != nil {
-		kind, msg := evalFailure(err)
-		return RedriveFailed, c.refail(ctx, id, kind, msg)
+	var intents []event.Intent
+	if !in.Redrive.Skip {
+		var err error
+		if intents, err = c.eval.Eval(ev); err != nil {
+			kind, msg := evalFailure(err)
+			return RedriveFailed, c.refail(ctx, id, kind, msg)
+		}
+	}
+	to := cursor.OutApplied
+	if len(intents) == 0 {
+		to = cursor.OutSkipped
 	}
 	retry := c.retryPolicy().Start()
 	for {
-		err := c.redriveAttempt(ctx, ev, id, intents)
+		err := c.fenced(ctx, func(tx pgx.Tx) error {
+			if err := c.execIntents(ctx, tx, intents); err != nil {
+				return err
+			}
+			ok, err := deadletter.Remove(ctx, tx, c.opts.Schema, id)
+			if err != nil {
+				return err
+			}
+			if !ok {
+				return errRedriveGone
+			}
+			return cursor.Move(ctx, tx, c.opts.Schema, c.opts.Projection, c.opts.Version, ev.StreamID, cursor.OutDeadLettered, to, 1)
+		})
 		switch {
 		case err == nil:
 			return RedriveApplied, nil
@@ -96,32 +129,19 @@ func (c *Committer) retryPolicy() sqlstate.Policy {
 	return sqlstate.Policy{MaxAttempts: c.opts.MaxAttempts, Backoff: c.opts.Backoff, MaxBackoff: c.opts.MaxBackoff}
 }
 
-// redriveAttempt is one transaction of a redrive.
-func (c *Committer) redriveAttempt(ctx context.Context, ev *event.Event, id int64, intents []event.Intent) error {
-	return c.fenced(ctx, func(tx pgx.Tx) error {
-		for i := range intents {
-			if err := c.execIntent(ctx, tx, &intents[i]); err != nil {
-				return fmt.Errorf("rule %s: %w", intents[i].Rule, err)
-			}
+// execIntents runs an event's intents in tx, in order.
+func (c *Committer) execIntents(ctx context.Context, tx pgx.Tx, intents []event.Intent) error {
+	for i := range intents {
+		if err := c.execIntent(ctx, tx, &intents[i]); err != nil {
+			return fmt.Errorf("rule %s: %w", intents[i].Rule, err)
 		}
-		ok, err := deadletter.Remove(ctx, tx, c.opts.Schema, id)
-		if err != nil {
-			return err
-		}
-		if !ok {
-			return errRedriveGone
-		}
-		to := cursor.OutApplied
-		if len(intents) == 0 {
-			to = cursor.OutSkipped
-		}
-		return cursor.Move(ctx, tx, c.opts.Schema, c.opts.Projection, c.opts.Version, ev.StreamID, cursor.OutDeadLettered, to, 1)
-	})
+	}
+	return nil
 }
 
 // refail records the new reason of a dead letter that failed again.
 func (c *Committer) refail(ctx context.Context, id int64, kind, msg string) error {
-	return sqlstate.Retry(ctx, c.retryPolicy(), c.log, func() error {
+	return c.withRetry(ctx, func() error {
 		return c.fenced(ctx, func(tx pgx.Tx) error { return deadletter.Refail(ctx, tx, c.opts.Schema, id, kind, msg) })
 	})
 }

@@ -108,7 +108,7 @@ func (d *decoder) projection(t *table, slotPrefix string) rules.Spec {
 		}
 	}
 
-	t.oneOf("on_error", &s.OnError, rules.OnErrorDeadLetter, rules.OnErrorHalt)
+	t.oneOf("on_error", &s.OnError, rules.OnErrorDeadLetter, rules.OnErrorHalt, rules.OnErrorPark)
 
 	v, rp, ok := t.get("rule")
 	elems, isArray := tableArray(v)

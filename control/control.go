@@ -96,6 +96,7 @@ type Retry struct {
 	IDs         []int64 // none: any
 	ErrorKind   string  // empty: any
 	StreamID    string  // empty: any
+	Skip        bool    // deadletters skip: drop the rows and release their streams
 	RequestedBy string
 	RequestedAt time.Time
 	Node        string
@@ -122,8 +123,8 @@ func RequestRetry(ctx context.Context, q event.Querier, schema string, r Retry) 
 	}
 	var id int64
 	err := q.QueryRow(ctx, `INSERT INTO `+table(schema, "retry_requests")+`
-  (projection, version, ids, error_kind, stream_id, requested_by) VALUES ($1, $2, $3, $4, $5, $6) RETURNING id`,
-		r.Projection, r.Version, ids, nullable(r.ErrorKind), nullable(r.StreamID), r.RequestedBy).Scan(&id)
+  (projection, version, ids, error_kind, stream_id, skip, requested_by) VALUES ($1, $2, $3, $4, $5, $6, $7) RETURNING id`,
+		r.Projection, r.Version, ids, nullable(r.ErrorKind), nullable(r.StreamID), r.Skip, r.RequestedBy).Scan(&id)
 	if err != nil {
 		return 0, fmt.Errorf("queue retry: %w", err)
 	}
@@ -138,10 +139,10 @@ func LoadRetry(ctx context.Context, q event.Querier, schema string, id int64) (R
 	var r Retry
 	var kind, stream, node, errText *string
 	var selected, applied, failed *int64
-	err := q.QueryRow(ctx, `SELECT id, projection, version, coalesce(ids, '{}'), error_kind, stream_id, requested_by,
+	err := q.QueryRow(ctx, `SELECT id, projection, version, coalesce(ids, '{}'), error_kind, stream_id, skip, requested_by,
   requested_at, node, started_at, done_at, selected, applied, failed, error
 FROM `+table(schema, "retry_requests")+` WHERE id = $1`, id).Scan(&r.ID, &r.Projection, &r.Version, &r.IDs,
-		&kind, &stream, &r.RequestedBy, &r.RequestedAt, &node, &r.StartedAt, &r.DoneAt, &selected, &applied, &failed, &errText)
+		&kind, &stream, &r.Skip, &r.RequestedBy, &r.RequestedAt, &node, &r.StartedAt, &r.DoneAt, &selected, &applied, &failed, &errText)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return Retry{}, fmt.Errorf("retry request %d: %w", id, ErrNoRetry)
 	}

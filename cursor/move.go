@@ -2,6 +2,7 @@ package cursor
 
 import (
 	"context"
+	"errors"
 	"fmt"
 
 	"github.com/jackc/pgx/v5"
@@ -17,6 +18,7 @@ const (
 	OutApplied      Outcome = "applied"
 	OutSkipped      Outcome = "skipped"
 	OutDeadLettered Outcome = "dead_lettered"
+	OutParked       Outcome = "parked"
 )
 
 // Move moves n events of a stream from one count to another, leaving its
@@ -41,4 +43,35 @@ func Move(ctx context.Context, q event.Querier, schema, projection string, versi
 		return fmt.Errorf("move cursor counts of stream %s: %w", streamID, err)
 	}
 	return nil
+}
+
+// Park parks a stream from position since on (a held event that failed
+// again when released), unless it is parked already.
+func Park(ctx context.Context, q event.Querier, schema, projection string, version int64, streamID string, since int64) error {
+	_, err := q.Exec(ctx, "UPDATE "+pgx.Identifier{schema, "cursors"}.Sanitize()+
+		" SET parked_since = coalesce(parked_since, $4), updated_at = now() WHERE projection = $1 AND version = $2 AND stream_id = $3",
+		projection, version, streamID, since)
+	if err != nil {
+		return fmt.Errorf("park stream %s: %w", streamID, err)
+	}
+	return nil
+}
+
+// Unpark releases a stream once it holds no event and has no dead letter
+// left; it reports whether the stream is released.
+func Unpark(ctx context.Context, q event.Querier, schema, projection string, version int64, streamID string) (bool, error) {
+	var parked bool
+	err := q.QueryRow(ctx, "UPDATE "+pgx.Identifier{schema, "cursors"}.Sanitize()+` AS c
+SET parked_since = CASE WHEN c.parked = 0 AND NOT EXISTS (SELECT 1 FROM `+pgx.Identifier{schema, "dead_letters"}.Sanitize()+` AS d
+    WHERE d.projection = c.projection AND d.version = c.version AND d.stream_id = c.stream_id) THEN NULL ELSE c.parked_since END,
+  updated_at = now()
+WHERE c.projection = $1 AND c.version = $2 AND c.stream_id = $3 RETURNING c.parked_since IS NOT NULL`,
+		projection, version, streamID).Scan(&parked)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return true, nil
+	}
+	if err != nil {
+		return false, fmt.Errorf("release stream %s: %w", streamID, err)
+	}
+	return !parked, nil
 }

@@ -124,6 +124,15 @@ func jsonbRejects(raw []byte) bool {
 // kinds and messages are made storable (valid UTF-8, no NUL bytes, which text
 // columns reject) so that a strange error message cannot fail the batch.
 func Insert(ctx context.Context, q Querier, schema string, rows []Row) error {
+	if err := insert(ctx, q, InsertSQL(schema), rows); err != nil {
+		return fmt.Errorf("insert dead letters: %w", err)
+	}
+	return nil
+}
+
+// insert runs sql, a statement over the unnested columns of rows (as
+// InsertSQL's), for rows.
+func insert(ctx context.Context, q Querier, sql string, rows []Row) error {
 	if len(rows) == 0 {
 		return nil
 	}
@@ -145,13 +154,8 @@ func Insert(ctx context.Context, q Querier, schema string, rows []Row) error {
 			occurred[i] = &r.OccurredAt
 		}
 	}
-	// WITH ORDINALITY and ORDER BY make ids follow the order of rows, so List
-	// returns a batch's dead letters in the order they happened.
-	sql := InsertSQL(schema)
-	if _, err := q.Exec(ctx, sql, proj, version, pos, eventID, streamID, spos, typ, kind, msg, data, meta, occurred); err != nil {
-		return fmt.Errorf("insert dead letters: %w", err)
-	}
-	return nil
+	_, err := q.Exec(ctx, sql, proj, version, pos, eventID, streamID, spos, typ, kind, msg, data, meta, occurred)
+	return err
 }
 
 func storable(s string) string {
@@ -338,6 +342,9 @@ ORDER BY 1, 2, CASE WHEN GROUPING(error_kind) = 0 THEN count(*) END DESC, 3, 4, 
 }
 
 // InsertSQL is the statement Insert runs, for a caller that prepares it.
+//
+// WITH ORDINALITY and ORDER BY make ids follow the order of rows, so List
+// returns a batch's dead letters in the order they happened.
 func InsertSQL(schema string) string {
 	return "INSERT INTO " + pgx.Identifier{schema, "dead_letters"}.Sanitize() + ` (projection, version, position,
   event_id, stream_id, stream_position, event_type, error_kind, error_message,

@@ -33,7 +33,7 @@ func (s *session) runRetry(ctx context.Context, id int64) {
 		s.log.Warn("start retry request", "id", id, "err", err)
 		return
 	}
-	s.log.Info("retrying dead letters", "request", id, "requested_by", r.RequestedBy, "ids", r.IDs,
+	s.log.Info("retrying dead letters", "request", id, "skip", r.Skip, "requested_by", r.RequestedBy, "ids", r.IDs,
 		"kind", r.ErrorKind, "stream", r.StreamID)
 	f := deadletter.Filter{Projection: s.spec.Name, Version: s.spec.Version, IDs: r.IDs, StreamID: r.StreamID, ErrorKind: r.ErrorKind}
 
@@ -71,7 +71,7 @@ func (s *session) runRetry(ctx context.Context, id int64) {
 			selected++
 			pending++
 			mu.Unlock()
-			in := apply.Input{Event: row.Event(), Redrive: &apply.Redrive{DeadLetterID: row.ID, Done: finish}}
+			in := apply.Input{Event: row.Event(), Redrive: &apply.Redrive{DeadLetterID: row.ID, Skip: r.Skip, Done: finish}}
 			if err := s.parts.Dispatch(ctx, in); err != nil {
 				readErr = err
 				break

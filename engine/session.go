@@ -19,6 +19,7 @@ import (
 	"github.com/pgscribe/pgscribe/lag"
 	"github.com/pgscribe/pgscribe/leader"
 	"github.com/pgscribe/pgscribe/replication"
+	"github.com/pgscribe/pgscribe/rules"
 	"github.com/pgscribe/pgscribe/sqlstate"
 )
 
@@ -218,7 +219,7 @@ func (s *session) partitions() *apply.Partitions {
 	cfg := s.cfg
 	committer := apply.NewCommitter(s.pool, apply.Options{
 		Projection: s.spec.Name, Version: s.spec.Version, Schema: cfg.Engine.Schema,
-		HaltOnError: s.spec.OnError == "halt",
+		HaltOnError: s.spec.OnError == rules.OnErrorHalt, Park: s.spec.OnError == rules.OnErrorPark,
 		MaxAttempts: cfg.Retry.MaxAttempts, Backoff: cfg.Retry.Backoff, MaxBackoff: cfg.Retry.MaxBackoff,
 	}, s.prog, s.lease, s.metrics, s.log)
 	return apply.NewPartitions(committer, apply.PartitionOptions{

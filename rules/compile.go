@@ -26,6 +26,7 @@ const _ = uint64(math.MaxInt - math.MaxInt64)
 const (
 	OnErrorDeadLetter = "dead_letter"
 	OnErrorHalt       = "halt"
+	OnErrorPark       = "park" // a dead letter holds its stream's later events until retried or skipped
 )
 
 // Program is a projection's compiled rules. It is immutable and safe for
@@ -88,7 +89,7 @@ func (p *Program) Name() string { return p.name }
 func (p *Program) Version() int64 { return p.version }
 
 // OnError is the projection's policy for rule errors: OnErrorDeadLetter
-// (the default) or OnErrorHalt.
+// (the default), OnErrorHalt or OnErrorPark.
 func (p *Program) OnError() string { return p.onError }
 
 // Targets returns one Target per insert, upsert, update or delete rule, in
@@ -159,9 +160,9 @@ func Compile(spec Spec) (*Program, error) {
 	switch spec.OnError {
 	case "":
 		p.onError = OnErrorDeadLetter
-	case OnErrorDeadLetter, OnErrorHalt:
+	case OnErrorDeadLetter, OnErrorHalt, OnErrorPark:
 	default:
-		c.fail("", "on_error", fmt.Errorf("must be %q or %q, got %q", OnErrorDeadLetter, OnErrorHalt, spec.OnError))
+		c.fail("", "on_error", fmt.Errorf("must be %q, %q or %q, got %q", OnErrorDeadLetter, OnErrorHalt, OnErrorPark, spec.OnError))
 	}
 	if len(spec.Rules) == 0 {
 		c.fail("", "rule", fmt.Errorf("projection has no rules"))

@@ -6,7 +6,7 @@ package rules
 type Spec struct {
 	Name    string     `toml:"name"`
 	Version int64      `toml:"version"`
-	OnError string     `toml:"on_error"` // "dead_letter" (default) or "halt"
+	OnError string     `toml:"on_error"` // "dead_letter" (default), "halt" or "park"
 	Rules   []RuleSpec `toml:"rule"`
 }
 

@@ -30,6 +30,7 @@ CREATE TABLE {{schema}}.retry_requests (
     ids          bigint[],
     error_kind   text,
     stream_id    text,
+    skip         boolean     NOT NULL DEFAULT false, -- deadletters skip: drop the rows, release their streams
     requested_by text        NOT NULL,
     requested_at timestamptz NOT NULL DEFAULT now(),
     node         text,        -- the node that ran it
@@ -46,3 +47,32 @@ CREATE INDEX retry_requests_pending_idx
 
 COMMENT ON TABLE {{schema}}.retry_requests IS
     'pgscribe: dead-letter retries asked for by pgscribe deadletters retry, run by the active node';
+
+-- on_error = "park": a dead-lettered event parks its stream. parked_since is
+-- the stream_position of the dead letter that parked it (NULL: not parked);
+-- parked counts the stream's events held in parked_events. Conservation is
+-- events = applied + skipped + dead_lettered + parked.
+ALTER TABLE {{schema}}.cursors
+    ADD COLUMN parked       bigint NOT NULL DEFAULT 0,
+    ADD COLUMN parked_since bigint;
+
+-- The events a parked stream holds, in the stream's order, written in the
+-- batch that accounts for them (memory stays bounded however many a stream
+-- collects). `deadletters retry` or `skip` releases them in order.
+CREATE TABLE {{schema}}.parked_events (
+    projection      text        NOT NULL,
+    version         bigint      NOT NULL,
+    stream_id       text        NOT NULL,
+    stream_position bigint      NOT NULL,
+    position        bigint      NOT NULL,
+    event_id        text        NOT NULL,
+    event_type      text        NOT NULL,
+    event_data      jsonb,
+    event_metadata  jsonb,
+    occurred_at     timestamptz,
+    parked_at       timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (projection, version, stream_id, stream_position)
+);
+
+COMMENT ON TABLE {{schema}}.parked_events IS
+    'pgscribe: events held behind a dead letter of their stream (on_error = park), released in order by deadletters retry or skip';
