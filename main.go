@@ -132,7 +132,8 @@ func exitCode(err error) int {
 	switch {
 	case errors.As(err, &ee):
 		return ee.code
-	case errors.Is(err, admin.ErrProblems), errors.Is(err, admin.ErrNotConfirmed), errors.Is(err, admin.ErrDiscardNotConfirmed):
+	case errors.Is(err, admin.ErrProblems), errors.Is(err, admin.ErrNotConfirmed), errors.Is(err, admin.ErrDiscardNotConfirmed),
+		errors.Is(err, admin.ErrWrongCommand):
 		return 2
 	}
 	return 1

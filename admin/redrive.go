@@ -109,6 +109,23 @@ func programOf(cfg *config.Config, progs []*rules.Program, name string, version 
 	return nil
 }
 
+func specOf(cfg *config.Config, name string, version int64) (rules.Spec, bool) {
+	for _, spec := range cfg.Projections {
+		if spec.Name == name && spec.Version == version {
+			return spec, true
+		}
+	}
+	return rules.Spec{}, false
+}
+
+// ErrWrongCommand is returned (wrapped) when a command does not fit the
+// projection version (discard on a parking one).
+var ErrWrongCommand = errors.New("wrong command for this projection")
+
+func usageErrorf(format string, args ...any) error {
+	return fmt.Errorf("%w: "+format, append([]any{ErrWrongCommand}, args...)...)
+}
+
 // retryPoll is how often the command looks whether its request ran.
 const retryPoll = 200 * time.Millisecond
 
@@ -236,11 +253,18 @@ func DiscardDeadLetters(ctx context.Context, cfg *config.Config, o DiscardOption
 	}
 	defer conn.Close(context.WithoutCancel(ctx))
 	schema := cfg.Engine.Schema
-	if !o.Yes {
-		versions, err := versionsOf(ctx, conn, schema, o.Filter, w)
-		if err != nil || len(versions) == 0 {
-			return err
+	versions, err := versionsOf(ctx, conn, schema, o.Filter, w)
+	if err != nil || len(versions) == 0 {
+		return err
+	}
+	for _, v := range versions {
+		// A parked stream waits for its dead letter: dropping the row
+		// alone would leave it parked for good.
+		if spec, ok := specOf(cfg, v.Projection, v.Version); ok && spec.OnError == rules.OnErrorPark {
+			return usageErrorf("%s v%d parks streams (on_error = \"park\"): use pgscribe deadletters skip, which drops the dead letters and releases their streams", v.Projection, v.Version)
 		}
+	}
+	if !o.Yes {
 		for _, v := range versions {
 			fmt.Fprintf(w, "would discard %d dead letter(s) of %s v%d (counted as skipped in their cursors)\n", v.Count, v.Projection, v.Version)
 		}

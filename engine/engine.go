@@ -123,7 +123,7 @@ func (p *Projection) Run(ctx context.Context) error {
 			errors.As(err, &halt)
 			p.haltErr.Store(err)
 			p.setState(StateHalted)
-			p.log.Error("projection halted: fix the cause and restart pgscribe; nothing of the failing batch was acknowledged",
+			p.log.Error("projection halted: fix the cause, then pgscribe resume (or restart pgscribe); nothing of the failing batch was acknowledged",
 				"sqlstate", halt.SQLState, "table", halt.Table, "reason", halt.Reason, "err", halt.Err)
 			woken := p.holdHalted(ctx, lease, halt, ctl)
 			ctl.close()

@@ -62,7 +62,7 @@ func NewMetrics(reg prometheus.Registerer, version string) *Metrics {
 		LagBytes: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "pgscribe_replication_lag_bytes",
 			Help: "Source server WAL LSN minus the slot's confirmed_flush_lsn."}, pv),
 		Backlog: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "pgscribe_backlog_events",
-			Help: "Source events not yet accounted for: count of events minus applied + skipped + dead_lettered of the version's cursors."}, pv),
+			Help: "Source events not yet accounted for: count of events minus applied + skipped + dead_lettered + parked of the version's cursors."}, pv),
 		WatermarkLSN: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "pgscribe_watermark_lsn",
 			Help: "Contiguous watermark LSN (as a number): everything at or below it is durably accounted for."}, pv),
 		LastCommit: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "pgscribe_last_commit_timestamp_seconds",
