@@ -313,12 +313,12 @@ func deadLetters(fs *flag.FlagSet, configPath *string, args []string, stdout, st
 	case sub == "list" && (f.Limit < 1 || f.Limit > deadletter.MaxLimit):
 		return usageErr("-limit must be between 1 and %d", deadletter.MaxLimit)
 	}
+	if (sub == "retry" || sub == "skip" || sub == "discard") && (f.Projection == "") != (f.Version == 0) {
+		return usageErr("%s: give -projection and -version together, or neither", sub)
+	}
 	cfg, _, err := loadConfig(*configPath, stderr, true)
 	if err != nil {
 		return err
-	}
-	if (sub == "retry" || sub == "skip" || sub == "discard") && (f.Projection == "") != (f.Version == 0) {
-		return usageErr("%s: give -projection and -version together, or neither", sub)
 	}
 	ctx, stop := signalContext()
 	defer stop()

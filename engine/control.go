@@ -23,6 +23,10 @@ import (
 // is obeyed within a second.
 const controlPoll = 500 * time.Millisecond
 
+// retryAgain is how long a retry request that failed (its reads or
+// bookkeeping; not its events) waits before it is run again.
+const retryAgain = 5 * time.Second
+
 // errPaused ends a live session because an operator paused the projection;
 // Run keeps the lock and waits for the resume.
 var errPaused = errors.New("paused by an operator")
@@ -196,7 +200,12 @@ func (p *Projection) activeSession(ctx context.Context, lease *leader.Lease, ctl
 func (s *session) obeyControls(ctx context.Context, endSession context.CancelFunc) {
 	held := false
 	retrying, lastRetry := false, int64(0)
-	retryDone := make(chan int64, 1)
+	type retryEnd struct {
+		id int64
+		ok bool
+	}
+	retryDone := make(chan retryEnd, 1)
+	var again <-chan time.Time // a failed request is tried again after retryAgain
 	defer func() {
 		if retrying {
 			<-retryDone
@@ -224,7 +233,7 @@ func (s *session) obeyControls(ctx context.Context, endSession context.CancelFun
 		}
 		if !st.Paused() && !retrying && st.PendingRetry > lastRetry {
 			retrying = true
-			go func(id int64) { s.runRetry(ctx, id); retryDone <- id }(st.PendingRetry)
+			go func(id int64) { retryDone <- retryEnd{id, s.runRetry(ctx, id)} }(st.PendingRetry)
 		}
 		select {
 		case <-ctx.Done():
@@ -233,9 +242,17 @@ func (s *session) obeyControls(ctx context.Context, endSession context.CancelFun
 			}
 			return
 		case <-changed:
-		case id := <-retryDone:
-			retrying, lastRetry = false, id
-			s.ctl.refresh()
+		case end := <-retryDone:
+			retrying = false
+			if end.ok {
+				lastRetry = end.id
+				s.ctl.refresh()
+			} else {
+				lastRetry = end.id // not before retryAgain
+				again = time.After(retryAgain)
+			}
+		case <-again:
+			again, lastRetry = nil, lastRetry-1
 		}
 	}
 }

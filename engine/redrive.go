@@ -21,17 +21,18 @@ const redrivePage = 500
 // runs and applies it in a transaction of its own (apply.Redrive). Then it
 // records the counts on the request. When the session ends first the
 // request stays pending and the next session runs it again (what was
-// applied is gone from the table by then).
-func (s *session) runRetry(ctx context.Context, id int64) {
+// applied is gone from the table by then). It reports whether the request
+// is done.
+func (s *session) runRetry(ctx context.Context, id int64) bool {
 	schema := s.cfg.Engine.Schema
 	r, err := control.LoadRetry(ctx, s.pool, schema, id)
 	if err != nil {
 		s.log.Warn("retry request", "id", id, "err", err)
-		return
+		return false
 	}
 	if err := s.fenced(ctx, func(tx pgx.Tx) error { return control.StartRetry(ctx, tx, schema, id, s.cfg.Engine.Node) }); err != nil {
 		s.log.Warn("start retry request", "id", id, "err", err)
-		return
+		return false
 	}
 	s.log.Info("retrying dead letters", "request", id, "skip", r.Skip, "requested_by", r.RequestedBy, "ids", r.IDs,
 		"kind", r.ErrorKind, "stream", r.StreamID)
@@ -83,7 +84,7 @@ func (s *session) runRetry(ctx context.Context, id int64) {
 		if ctx.Err() == nil {
 			s.log.Warn("retry request: read dead letters", "id", id, "err", readErr)
 		}
-		return // pending: run again by the next session
+		return false // pending: run again
 	}
 	mu.Lock()
 	dispatched = true
@@ -93,7 +94,7 @@ func (s *session) runRetry(ctx context.Context, id int64) {
 	mu.Unlock()
 	select {
 	case <-ctx.Done():
-		return
+		return false
 	case <-allDone:
 	}
 	mu.Lock()
@@ -103,7 +104,8 @@ func (s *session) runRetry(ctx context.Context, id int64) {
 		return control.FinishRetry(ctx, tx, schema, id, sel, app, fail, "")
 	}); err != nil {
 		s.log.Warn("finish retry request", "id", id, "err", err)
-		return
+		return false
 	}
 	s.log.Info("dead letters retried", "request", id, "selected", sel, "applied", app, "failed_again", fail)
+	return true
 }
