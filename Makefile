@@ -31,9 +31,16 @@ LDFLAGS := -X main.version=$(BUILD_VERSION) -X main.commit=$(BUILD_COMMIT) -X ma
 build: ## build bin/pgscribe
 	$(GO) build -ldflags "$(LDFLAGS)" -o bin/pgscribe .
 
-test: pg-image ## run all tests with -race, integration tests against real PostgreSQL
+# `test` pipes `go test -json` through internal/tools/testsum: per-package
+# lines as they come, the output of every failed test, every skipped test
+# with its reason, then one line "N passed, N failed, N skipped" (tests and
+# subtests each count). It fails when any test or package does.
+TESTSUM := .cache/testsum
+
+test: pg-image ## run all tests with -race, integration tests against real PostgreSQL; ends with a summary
+	$(GO) build -o $(TESTSUM) ./internal/tools/testsum
 	PGSCRIBE_TEST_PG_IMAGE="$${PGSCRIBE_TEST_PG_IMAGE:-$$(cat $(PG_IMAGE_FILE) 2>/dev/null || true)}" \
-		$(GO) test -race -count=1 -timeout $(TEST_TIMEOUT) ./...
+		$(GO) test -json -race -count=1 -timeout $(TEST_TIMEOUT) ./... | $(TESTSUM)
 
 test-unit: ## run the unit tests only (-short, no database)
 	$(GO) test -race -short -count=1 ./...

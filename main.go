@@ -88,6 +88,16 @@ Usage:
       run rebuilds it from the events table. Read-model tables are never
       touched; dead letters only with -dead-letters. Without -yes it prints
       what it would do. Refused while an engine runs the version.
+  pgscribe test [-config FILE] [-database] FIXTURE…
+      Run rule fixtures (TOML: events and the intents, skips or dead letters
+      each must produce) through the configured rules, with no engine.
+      -database also applies them in a throwaway schema of the target
+      database and checks the rows the fixtures' [[table]] entries list.
+      Exit 1 when an expectation fails, 2 on a bad fixture.
+  pgscribe verify -projection NAME -version N [-config FILE] [-stream ID]… [-limit N]
+      Rebuild a projection version from the events its cursors have
+      accounted for, in a scratch schema, and diff it with the live read
+      model in PostgreSQL, while the engine keeps running. Exit 1 on drift.
   pgscribe version
   pgscribe help
 
@@ -178,7 +188,8 @@ func run(args []string, stdout, stderr io.Writer) error {
 		if err := parse(fs, rest); err != nil {
 			return err
 		}
-		cfg, log, err := loadConfig(*configPath, stderr, true)
+		// migrate needs no rules: a rule's mistake must not stop it.
+		cfg, log, err := loadConfigWith(config.LoadSettings, *configPath, stderr, true)
 		if err != nil {
 			return err
 		}
@@ -267,6 +278,55 @@ func run(args []string, stdout, stderr io.Writer) error {
 		ctx, stop := signalContext()
 		defer stop()
 		return admin.Reset(ctx, cfg, o, stdout)
+	case "test":
+		database := fs.Bool("database", false, "also apply the events in a throwaway schema of the target database and check [[table]] rows")
+		if err := fs.Parse(rest); err != nil {
+			if errors.Is(err, flag.ErrHelp) {
+				return errHelp
+			}
+			return usageErr("%v", err)
+		}
+		if fs.NArg() == 0 {
+			return usageErr("test needs at least one FIXTURE file")
+		}
+		cfg, _, err := loadConfig(*configPath, stderr, *database)
+		if err != nil {
+			return err
+		}
+		ctx, stop := signalContext()
+		defer stop()
+		err = admin.Test(ctx, cfg, fs.Args(), admin.TestOptions{Database: *database}, stdout)
+		var fe *admin.FixtureError
+		if errors.As(err, &fe) {
+			return &exitError{code: 2, err: err}
+		}
+		return err
+	case "verify":
+		var o admin.VerifyOptions
+		fs.StringVar(&o.Projection, "projection", "", "projection `name` (required)")
+		fs.Int64Var(&o.Version, "version", 0, "projection `version` (required)")
+		fs.Func("stream", "only this stream `id` (repeatable): rebuild its events, compare the rows only such streams write", func(s string) error {
+			o.Streams = append(o.Streams, s)
+			return nil
+		})
+		fs.IntVar(&o.Limit, "limit", 100, "print at most `n` drifted rows per table (all are counted)")
+		if err := parse(fs, rest); err != nil {
+			return err
+		}
+		if o.Projection == "" || o.Version < 1 {
+			return usageErr("verify needs -projection NAME and -version N (at least 1)")
+		}
+		cfg, _, err := loadConfig(*configPath, stderr, true)
+		if err != nil {
+			return err
+		}
+		ctx, stop := signalContext()
+		defer stop()
+		err = admin.Verify(ctx, cfg, o, stdout, stderr)
+		if errors.Is(err, admin.ErrVerifyUsage) {
+			return &exitError{code: 2, err: err}
+		}
+		return err
 	default:
 		// The error alone, not the usage: 38 lines on stderr scroll it away.
 		return usageErr("unknown command %q (run 'pgscribe help' for usage)", cmd)
@@ -387,7 +447,12 @@ func projections(n int) string {
 
 // loadConfig loads and validates the configuration; errors exit 2.
 func loadConfig(flagPath string, stderr io.Writer, needDB bool) (*config.Config, *slog.Logger, error) {
-	cfg, err := config.Load(config.ConfigPath(flagPath))
+	return loadConfigWith(config.Load, flagPath, stderr, needDB)
+}
+
+// loadConfigWith is loadConfig with the loader of a command's choice.
+func loadConfigWith(load func(string) (*config.Config, error), flagPath string, stderr io.Writer, needDB bool) (*config.Config, *slog.Logger, error) {
+	cfg, err := load(config.ConfigPath(flagPath))
 	if errors.Is(err, fs.ErrNotExist) {
 		err = fmt.Errorf("%w\n%s", err, missingConfigHint(flagPath))
 	}

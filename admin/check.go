@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/pgscribe/pgscribe/apply"
 	"github.com/pgscribe/pgscribe/config"
 	"github.com/pgscribe/pgscribe/event"
 	"github.com/pgscribe/pgscribe/migrations"
@@ -129,37 +130,13 @@ func (ck *checker) run(ctx context.Context, progs []*rules.Program) error {
 			}
 		}
 		for j, rs := range spec.Rules {
-			if event.Op(rs.Op) != event.OpSQL {
+			if op, _ := event.Op(rs.Op).Spec(); op.Kind != event.KindStatement {
 				continue
 			}
-			ck.sqlRule(ctx, fmt.Sprintf("%s v%d rule %q", spec.Name, spec.Version, ruleName(j, rs)), rs)
+			ck.sqlRule(ctx, fmt.Sprintf("%s v%d rule %q", spec.Name, spec.Version, rules.RuleName(j, rs)), rs)
 		}
 	}
 	return nil
-}
-
-// ruleName is the rule's name after defaulting, as rules.Compile names it:
-// its name, else "<first type of on, or *>#<1-based index>".
-func ruleName(i int, rs rules.RuleSpec) string {
-	if rs.Name != "" {
-		return rs.Name
-	}
-	first := "*"
-	switch on := rs.On.(type) {
-	case string:
-		first = on
-	case []string:
-		if len(on) > 0 {
-			first = on[0]
-		}
-	case []any:
-		if len(on) > 0 {
-			if s, ok := on[0].(string); ok {
-				first = s
-			}
-		}
-	}
-	return first + "#" + strconv.Itoa(i+1)
 }
 
 // source checks the source database: replication settings, the events
@@ -457,14 +434,20 @@ func (ck *checker) target(ctx context.Context, scope string, t rules.Target) err
 		}
 	}
 
-	inserts := t.Op == event.OpInsert || t.Op == event.OpUpsert
+	// What the op's statement writes follows from the privileges it needs.
+	inserts := false
 	var written []string
-	switch t.Op {
-	case event.OpInsert, event.OpUpsert:
-		written = present
-	case event.OpUpdate:
-		written = exists(slices.Concat(t.SetColumns, t.IncColumns))
+	for _, p := range apply.Privileges(t.Op, exists(t.KeyColumns), exists(t.SetColumns), exists(t.IncColumns)) {
+		switch p.Name {
+		case "INSERT":
+			inserts = true
+			written = append(written, p.Columns...)
+		case "UPDATE":
+			written = append(written, p.Columns...)
+		}
 	}
+	slices.Sort(written)
+	written = slices.Compact(written)
 	for _, c := range written {
 		col := ti.cols[c]
 		switch {
@@ -488,7 +471,7 @@ func (ck *checker) target(ctx context.Context, scope string, t rules.Target) err
 		}
 	}
 
-	if t.Op == event.OpUpsert && len(t.KeyColumns) > 0 {
+	if apply.NeedsUniqueKey(t.Op) && len(t.KeyColumns) > 0 {
 		key := slices.Sorted(slices.Values(t.KeyColumns))
 		if !slices.ContainsFunc(ti.uniques, func(u []string) bool { return slices.Equal(u, key) }) {
 			ck.add(scope, fmt.Sprintf("%s key (%s)", tobj, strings.Join(key, ", ")),
@@ -501,35 +484,10 @@ func (ck *checker) target(ctx context.Context, scope string, t rules.Target) err
 
 // privileges checks what the op's statement needs (see the file comment).
 func (ck *checker) privileges(ctx context.Context, scope, tobj string, ti *tableInfo, t rules.Target, exists func([]string) []string) error {
-	key, writes := exists(t.KeyColumns), exists(slices.Concat(t.SetColumns, t.IncColumns))
-	reads := exists(slices.Concat(t.KeyColumns, t.IncColumns))
-	var need []struct {
-		priv string
-		cols []string
-	}
-	want := func(priv string, cols []string) {
-		need = append(need, struct {
-			priv string
-			cols []string
-		}{priv, cols})
-	}
-	switch t.Op {
-	case event.OpInsert:
-		want("INSERT", slices.Concat(key, writes))
-	case event.OpUpsert:
-		want("INSERT", slices.Concat(key, writes))
-		want("UPDATE", writes)
-		want("SELECT", reads)
-	case event.OpUpdate:
-		want("UPDATE", writes)
-		want("SELECT", reads)
-	case event.OpDelete:
-		want("DELETE", nil)
-		want("SELECT", key)
-	}
+	need := apply.Privileges(t.Op, exists(t.KeyColumns), exists(t.SetColumns), exists(t.IncColumns))
 	for _, n := range need {
 		var onTable bool
-		if err := ck.c.target.QueryRow(ctx, "SELECT has_table_privilege($1::oid, $2)", ti.oid, n.priv).Scan(&onTable); err != nil {
+		if err := ck.c.target.QueryRow(ctx, "SELECT has_table_privilege($1::oid, $2)", ti.oid, n.Name).Scan(&onTable); err != nil {
 			return fmt.Errorf("check privileges on %s: %w", tobj, err)
 		}
 		if onTable {
@@ -538,19 +496,19 @@ func (ck *checker) privileges(ctx context.Context, scope, tobj string, ti *table
 		// No table-wide privilege: column grants may still cover it
 		// (DELETE has no column form). With none at all, one line says so.
 		anyColumn := false
-		if len(n.cols) > 0 {
-			if err := ck.c.target.QueryRow(ctx, "SELECT has_any_column_privilege($1::oid, $2)", ti.oid, n.priv).Scan(&anyColumn); err != nil {
+		if len(n.Columns) > 0 {
+			if err := ck.c.target.QueryRow(ctx, "SELECT has_any_column_privilege($1::oid, $2)", ti.oid, n.Name).Scan(&anyColumn); err != nil {
 				return fmt.Errorf("check privileges on %s: %w", tobj, err)
 			}
 		}
 		if !anyColumn {
-			ck.add(scope, tobj, "role %q lacks %s (%s needs it)", ck.role, n.priv, t.Op)
+			ck.add(scope, tobj, "role %q lacks %s (%s needs it)", ck.role, n.Name, t.Op)
 			continue
 		}
 		var lacking []string
-		for _, c := range n.cols {
+		for _, c := range n.Columns {
 			var ok bool
-			if err := ck.c.target.QueryRow(ctx, "SELECT has_column_privilege($1::oid, $2, $3)", ti.oid, c, n.priv).Scan(&ok); err != nil {
+			if err := ck.c.target.QueryRow(ctx, "SELECT has_column_privilege($1::oid, $2, $3)", ti.oid, c, n.Name).Scan(&ok); err != nil {
 				return fmt.Errorf("check privileges on %s: %w", tobj, err)
 			}
 			if !ok {
@@ -558,7 +516,7 @@ func (ck *checker) privileges(ctx context.Context, scope, tobj string, ti *table
 			}
 		}
 		for _, c := range lacking {
-			ck.add(scope, fmt.Sprintf("%s column %q", tobj, c), "role %q lacks %s (%s needs it)", ck.role, n.priv, t.Op)
+			ck.add(scope, fmt.Sprintf("%s column %q", tobj, c), "role %q lacks %s (%s needs it)", ck.role, n.Name, t.Op)
 		}
 	}
 	return nil

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -14,7 +13,6 @@ import (
 	"github.com/pgscribe/pgscribe/control"
 	"github.com/pgscribe/pgscribe/cursor"
 	"github.com/pgscribe/pgscribe/deadletter"
-	"github.com/pgscribe/pgscribe/event"
 	"github.com/pgscribe/pgscribe/leader"
 	"github.com/pgscribe/pgscribe/rules"
 )
@@ -212,30 +210,12 @@ func dryRun(ctx context.Context, conn *pgx.Conn, schema string, f deadletter.Fil
 			default:
 				fmt.Fprintf(w, "%s would write\n", head)
 				for _, in := range intents {
-					fmt.Fprintf(w, "  %s\n", describeIntent(in))
+					fmt.Fprintf(w, "  rule %s: %s\n", in.Rule, describeIntent(in))
 				}
 			}
 		}
 		after = rows[len(rows)-1]
 	}
-}
-
-// describeIntent renders an intent on one line for -dry-run.
-func describeIntent(in event.Intent) string {
-	if in.Op == event.OpSQL {
-		return fmt.Sprintf("rule %s: sql %s %v", in.Rule, cell(in.SQL), in.Args)
-	}
-	cols := func(label string, cs []event.Column) string {
-		if len(cs) == 0 {
-			return ""
-		}
-		parts := make([]string, len(cs))
-		for i, c := range cs {
-			parts[i] = fmt.Sprintf("%s=%v", c.Name, c.Value)
-		}
-		return " " + label + " " + strings.Join(parts, ", ")
-	}
-	return fmt.Sprintf("rule %s: %s %s%s%s%s", in.Rule, in.Op, in.Table, cols("key", in.Key), cols("set", in.Set), cols("inc", in.Inc))
 }
 
 // DiscardOptions selects the dead letters to discard.

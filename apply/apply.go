@@ -47,6 +47,12 @@ type Observer interface {
 	Outcomes(applied, skipped, deadLettered int)
 	DeadLettered(kind string)
 	Gap()
+	// RowsMissing counts n committed updates or deletes of a rule that
+	// matched no row.
+	RowsMissing(rule string, n int)
+	// Retried counts a batch retried after a transient failure, by its
+	// SQLSTATE ("" for a connection error).
+	Retried(sqlstate string)
 }
 
 // Input is one event handed to a partition, with the opaque token of the
@@ -220,17 +226,34 @@ func (c *Committer) commit(ctx context.Context, batch []Input, part *partition, 
 
 	isolate := false
 	retry := c.retryPolicy().Start()
+	var deadMisses map[string]int // misses that dead-lettered their events
 	for {
 		res, err := c.attempt(ctx, evals, isolate, final, part)
 		if errors.Is(err, errSuspect) {
 			return Result{}, err
 		}
 		if err == nil {
+			for rule, n := range deadMisses {
+				c.obs.RowsMissing(rule, n)
+			}
 			c.obs.BatchDone("committed", len(batch), time.Since(start))
 			if isolate {
 				c.obs.BatchDone("isolated", len(batch), 0)
 			}
 			return res, nil
+		}
+		var miss *missingError
+		if errors.As(err, &miss) {
+			if deadMisses == nil {
+				deadMisses = map[string]int{}
+			}
+			// Dead-letter the events whose writes missed and try the rest
+			// again: their other intents must not apply either.
+			markMissing(evals, miss.intents)
+			for _, in := range miss.intents {
+				deadMisses[in.Rule]++
+			}
+			continue
 		}
 		var halt *HaltError
 		if errors.As(err, &halt) || errors.Is(err, event.ErrFenced) || ctx.Err() != nil {
@@ -253,6 +276,7 @@ func (c *Committer) commit(ctx context.Context, batch []Input, part *partition, 
 			return Result{}, c.halt("integrity failure not attributable to one event", err)
 		case sqlstate.ClassTransient:
 			c.obs.BatchDone("retried", len(batch), 0)
+			c.obs.Retried(sqlstate.Code(err))
 			if retry.Exhausted() {
 				return Result{}, fmt.Errorf("batch failed after %d attempts: %w", retry.Attempt(), err)
 			}
@@ -476,6 +500,9 @@ func (c *Committer) attempt(ctx context.Context, evals []planned, isolate, final
 	}
 	part.circ = circLocal
 	part.cursors.put(curs)
+	for rule, n := range pl.missing.counts {
+		c.obs.RowsMissing(rule, n)
+	}
 	for range gaps {
 		c.obs.Gap()
 	}
@@ -544,6 +571,18 @@ func (c *Committer) applyPipelined(ctx context.Context, tx dbtx, pl *pipeline, p
 	if err := book(&queuer{pl: pl, table: c.opts.Schema + " engine tables"}); err != nil {
 		return err
 	}
+	if hasDeadLetterIfMissing(intents) {
+		// A miss must roll the batch back, so read the writes' results
+		// before sending COMMIT: one more round trip, only for batches
+		// with if_missing = "dead_letter" rules.
+		if err := pl.send(ctx, tx); err != nil {
+			return err
+		}
+		if len(pl.missing.dead) > 0 {
+			return &missingError{intents: pl.missing.dead}
+		}
+		return committed(tx.Exec(ctx, "commit"))
+	}
 	pl.add("commit", nil, func(br pgx.BatchResults) error {
 		return committed(br.Exec())
 	})
@@ -553,8 +592,9 @@ func (c *Committer) applyPipelined(ctx context.Context, tx dbtx, pl *pipeline, p
 // pipeline is statements sent in one round trip, each with how its result
 // is read; reading stops at the first failure.
 type pipeline struct {
-	b     pgx.Batch
-	reads []func(pgx.BatchResults) error
+	b       pgx.Batch
+	reads   []func(pgx.BatchResults) error
+	missing missTally // updates and deletes that matched no row
 }
 
 func (p *pipeline) add(sql string, args []any, read func(pgx.BatchResults) error) {
@@ -616,17 +656,27 @@ func (c *Committer) queueGroup(ctx context.Context, tx dbtx, pl *pipeline, g *gr
 	if err != nil {
 		return &HaltError{Reason: "render intent of rule " + g.first.Rule, Err: err}
 	}
-	pl.exec(sql, g.shape.table, args...)
+	if !g.mayMiss {
+		pl.exec(sql, g.shape.table, args...)
+		return nil
+	}
+	pl.add(sql, args, func(br pgx.BatchResults) error {
+		if err := pl.missing.read(br, g); err != nil {
+			return &statementError{table: g.shape.table, err: err}
+		}
+		return nil
+	})
 	return nil
 }
 
 // queueIntent queues one intent as its own statement.
 func (c *Committer) queueIntent(ctx context.Context, tx dbtx, pl *pipeline, in *event.Intent) error {
-	if in.Op == event.OpSQL {
+	op, _ := in.Op.Spec()
+	if op.Kind == event.KindStatement {
 		pl.exec(in.SQL, in.Table, in.Args...)
 		return nil
 	}
-	return c.queueGroup(ctx, tx, pl, &group{shape: shapeOf(in), first: in, rows: []*event.Intent{in}})
+	return c.queueGroup(ctx, tx, pl, &group{shape: shapeOf(in), first: in, rows: []*event.Intent{in}, mayMiss: op.MayMiss})
 }
 
 // execIntent runs one intent now (the isolation path).
@@ -635,7 +685,13 @@ func (c *Committer) execIntent(ctx context.Context, tx dbtx, in *event.Intent) e
 	if err := c.queueIntent(ctx, tx, pl, in); err != nil {
 		return err
 	}
-	return pl.send(ctx, tx)
+	if err := pl.send(ctx, tx); err != nil {
+		return err
+	}
+	if len(pl.missing.dead) > 0 {
+		return &missingError{intents: pl.missing.dead}
+	}
+	return nil
 }
 
 // applyIsolated applies event by event, each under a savepoint, and turns
@@ -695,3 +751,14 @@ func (c *Committer) applyIsolated(ctx context.Context, tx dbtx, plan []planned, 
 	}
 	return applied, failedN, nil
 }
+
+// NoObserver is an Observer that records nothing: for commits outside the
+// engine (a scratch build, a test) whose batches have no metrics.
+type NoObserver struct{}
+
+func (NoObserver) BatchDone(string, int, time.Duration) {}
+func (NoObserver) Outcomes(int, int, int)               {}
+func (NoObserver) DeadLettered(string)                  {}
+func (NoObserver) Gap()                                 {}
+func (NoObserver) RowsMissing(string, int)              {}
+func (NoObserver) Retried(string)                       {}

@@ -1,9 +1,11 @@
 package apply
 
 import (
+	"cmp"
 	"encoding/json"
 	"fmt"
 	"math"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -22,8 +24,12 @@ import (
 //   - Every other intent on a row goes one layer after the previous intent
 //     on that row. Within a layer each row appears at most once, so one
 //     multi-row statement per (layer, shape) never touches a row twice.
-//   - Layers run in order; within a layer, statements run in the order their
-//     shapes first appeared.
+//   - Layers run in order; within a layer, statements run in rule order
+//     (then by shape), and every statement's rows are sorted by key. That
+//     order is the same in every batch, so partitions whose batches write
+//     the same rows lock them in one order and wait for each other instead
+//     of deadlocking. Reordering within a layer is exact: a layer touches
+//     each row once.
 //
 // Batches whose row identity is ambiguous fall back to one statement per
 // intent in order: any op = "sql" intent (arbitrary SQL), or a table written
@@ -59,6 +65,34 @@ type group struct {
 	shape shape
 	first *event.Intent // column names come from here
 	rows  []*event.Intent
+	keys  []string // keyValues of each row, for the lock order; nil for keyless rows
+	// rank is the lowest rule index among the rows: groups of a layer run
+	// in rule order.
+	rank int
+	// For ops that may match no row (update, delete): folds lists the
+	// intents folded into a row, the row's first intent included (a miss
+	// counts for each of them); returning says the statement must return
+	// which rows matched, because a count alone cannot say whose the
+	// misses are.
+	mayMiss   bool
+	folds     []fold
+	returning bool
+}
+
+// fold is an intent folded into row row of its group.
+type fold struct {
+	row int
+	in  *event.Intent
+}
+
+// sources returns, for each row folded from several intents, those intents
+// (the slow path: only a statement with misses asks).
+func (g *group) sources() map[int][]*event.Intent {
+	m := make(map[int][]*event.Intent)
+	for _, f := range g.folds {
+		m[f.row] = append(m[f.row], f.in)
+	}
+	return m
 }
 
 // rowID identifies a read-model row by its table, key columns and values.
@@ -67,9 +101,10 @@ type rowID struct {
 }
 
 type rowState struct {
-	layer int
-	g     *group
-	idx   int // index in g.rows
+	layer  int
+	g      *group
+	idx    int  // index in g.rows
+	folded bool // g.folds lists the row's intents
 }
 
 // planGroups folds and groups intents. ok is false when the batch must take the
@@ -77,9 +112,13 @@ type rowState struct {
 func planGroups(intents []*event.Intent) (layers [][]*group, ok bool) {
 	keysOf := map[string]string{} // table → key column set used
 	keyless := map[string]bool{}  // table has a keyless insert
-	modified := map[string]bool{} // table has update/delete/upsert
+	modified := map[string]bool{} // table has an op that addresses existing rows
+	var op event.OpSpec           // of the intent at hand; looked up when the op changes
 	for _, in := range intents {
-		if in.Op == event.OpSQL {
+		if in.Op != op.Op {
+			op, _ = in.Op.Spec()
+		}
+		if op.Kind != event.KindRow {
 			return nil, false
 		}
 		if len(in.Key) == 0 {
@@ -91,7 +130,7 @@ func planGroups(intents []*event.Intent) (layers [][]*group, ok bool) {
 			return nil, false
 		}
 		keysOf[in.Table] = k
-		if in.Op != event.OpInsert {
+		if op.Key == event.Required {
 			modified[in.Table] = true
 		}
 	}
@@ -102,22 +141,18 @@ func planGroups(intents []*event.Intent) (layers [][]*group, ok bool) {
 	}
 
 	rows := map[rowID]*rowState{}
-	type layerGroups struct {
-		byShape map[shape]*group
-		order   []*group
-	}
-	var ls []*layerGroups
+	var ls []map[shape]*group
 	groupAt := func(layer int, sh shape, in *event.Intent) *group {
 		for len(ls) <= layer {
-			ls = append(ls, &layerGroups{byShape: map[shape]*group{}})
+			ls = append(ls, map[shape]*group{})
 		}
-		l := ls[layer]
-		g := l.byShape[sh]
+		g := ls[layer][sh]
 		if g == nil {
-			g = &group{shape: sh, first: in}
-			l.byShape[sh] = g
-			l.order = append(l.order, g)
+			op, _ := in.Op.Spec()
+			g = &group{shape: sh, first: in, rank: in.RuleIndex, mayMiss: op.MayMiss}
+			ls[layer][sh] = g
 		}
+		g.rank = min(g.rank, in.RuleIndex)
 		return g
 	}
 	for _, in := range intents {
@@ -131,8 +166,18 @@ func planGroups(intents []*event.Intent) (layers [][]*group, ok bool) {
 		st := rows[id]
 		layer := 0
 		if st != nil {
-			if st.g.shape == sh && (sh.op == event.OpUpdate || sh.op == event.OpUpsert) {
-				if merged, ok := fold(st.g.rows[st.idx], in); ok {
+			if in.Op != op.Op {
+				op, _ = in.Op.Spec()
+			}
+			if st.g.shape == sh && op.Folds {
+				if merged, ok := foldIntents(st.g.rows[st.idx], in); ok {
+					if st.g.mayMiss {
+						if !st.folded {
+							st.g.folds = append(st.g.folds, fold{st.idx, st.g.rows[st.idx]})
+							st.folded = true
+						}
+						st.g.folds = append(st.g.folds, fold{st.idx, in})
+					}
 					st.g.rows[st.idx] = merged
 					continue
 				}
@@ -141,13 +186,62 @@ func planGroups(intents []*event.Intent) (layers [][]*group, ok bool) {
 		}
 		g := groupAt(layer, sh, in)
 		g.rows = append(g.rows, in)
+		g.keys = append(g.keys, id.vals)
 		rows[id] = &rowState{layer: layer, g: g, idx: len(g.rows) - 1}
 	}
 	layers = make([][]*group, len(ls))
 	for i, l := range ls {
-		layers[i] = l.order
+		for _, g := range l {
+			g.lockOrder()
+			layers[i] = append(layers[i], g)
+		}
+		slices.SortFunc(layers[i], compareGroups)
 	}
 	return layers, true
+}
+
+// compareGroups orders the statements of a layer: by rule, then by shape,
+// so that the order does not depend on the order events arrived in.
+func compareGroups(a, b *group) int {
+	return cmp.Or(cmp.Compare(a.rank, b.rank),
+		cmp.Compare(a.shape.table, b.shape.table), cmp.Compare(a.shape.op, b.shape.op),
+		cmp.Compare(a.shape.key, b.shape.key), cmp.Compare(a.shape.set, b.shape.set),
+		cmp.Compare(a.shape.inc, b.shape.inc))
+}
+
+// lockOrder sorts the group's rows by key and decides whether its
+// statement must return the rows that matched.
+func (g *group) lockOrder() {
+	if g.keys != nil && !slices.IsSorted(g.keys) {
+		perm := make([]int, len(g.rows))
+		for i := range perm {
+			perm[i] = i
+		}
+		slices.SortFunc(perm, func(a, b int) int { return strings.Compare(g.keys[a], g.keys[b]) })
+		rows, keys := make([]*event.Intent, len(perm)), make([]string, len(perm))
+		moved := make([]int, len(perm)) // old row → new row
+		for to, from := range perm {
+			rows[to], keys[to] = g.rows[from], g.keys[from]
+			moved[from] = to
+		}
+		for i := range g.folds {
+			g.folds[i].row = moved[g.folds[i].row]
+		}
+		g.rows, g.keys = rows, keys
+	}
+	if !g.mayMiss {
+		return
+	}
+	// The row count of the statement's command tag says how many rows
+	// missed; that is enough when every row is one intent of one rule that
+	// ignores misses. Otherwise the statement returns the rows that matched.
+	g.returning = len(g.folds) > 0
+	for _, in := range g.rows {
+		if g.returning {
+			break
+		}
+		g.returning = in.DeadLetterIfMissing || in.Rule != g.first.Rule
+	}
 }
 
 // keyValues renders key values into a comparable string. Values of
@@ -163,9 +257,9 @@ func keyValues(cs []event.Column) string {
 	return b.String()
 }
 
-// fold merges b into a (same row, same shape, b after a). The result is a
-// new intent; a and b are not modified.
-func fold(a, b *event.Intent) (*event.Intent, bool) {
+// foldIntents merges b into a (same row, same shape, b after a). The result
+// is a new intent; a and b are not modified.
+func foldIntents(a, b *event.Intent) (*event.Intent, bool) {
 	inc := make([]event.Column, len(a.Inc))
 	for i := range a.Inc {
 		v, ok := addValues(a.Inc[i].Value, b.Inc[i].Value)

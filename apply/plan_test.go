@@ -139,3 +139,65 @@ func TestFoldDoesNotModifyInputs(t *testing.T) {
 		t.Fatalf("inputs modified: %v %v", a.Inc, b.Inc)
 	}
 }
+
+// TestPlanLockOrder: rows of a statement are sorted by key and the
+// statements of a layer run in rule order, whatever order the events came
+// in, so two batches writing the same rows lock them in the same order.
+func TestPlanLockOrder(t *testing.T) {
+	ins := func(k string) *event.Intent {
+		return &event.Intent{Op: event.OpInsert, Table: "m", RuleIndex: 0, Key: []event.Column{col("k", k)}}
+	}
+	upd := func(k string) *event.Intent {
+		in := update(k, 1)
+		in.RuleIndex = 1
+		return in
+	}
+	for _, order := range [][]*event.Intent{
+		{upd("c"), upd("a"), ins("z"), upd("b"), ins("y")},
+		{ins("y"), upd("b"), ins("z"), upd("a"), upd("c")},
+	} {
+		layers, ok := planGroups(order)
+		if !ok {
+			t.Fatal("fallback")
+		}
+		got := describe(layers)
+		want := [][]string{{"insert:y,z", "update:a=1,b=1,c=1"}}
+		if len(got) != 1 || len(got[0]) != 2 || got[0][0] != want[0][0] || got[0][1] != want[0][1] {
+			t.Fatalf("layers = %v, want %v", got, want)
+		}
+	}
+}
+
+// TestPlanMisses: a folded update row stands for every intent folded into
+// it, and a statement returns its matched rows only where a row count
+// cannot say whose the misses are.
+func TestPlanMisses(t *testing.T) {
+	a1, b, a2 := update("a", 1), update("b", 2), update("a", 3)
+	layers, _ := planGroups([]*event.Intent{b, a1, a2}) // sorting moves the folded row
+	g := layers[0][0]
+	src := g.sources()
+	if s := src[0]; len(s) != 2 || s[0] != a1 || s[1] != a2 {
+		t.Errorf("sources of the folded row = %v", s)
+	}
+	if s, ok := src[1]; ok || g.rows[1] != b {
+		t.Errorf("row b: sources %v, row %v", s, g.rows[1])
+	}
+	if !g.returning {
+		t.Error("a group with a folded row must return its matched rows")
+	}
+
+	layers, _ = planGroups([]*event.Intent{update("a", 1), update("b", 2)})
+	if layers[0][0].returning {
+		t.Error("one rule, no fold, ignore: the row count is enough")
+	}
+	dl := update("c", 1)
+	dl.DeadLetterIfMissing = true
+	layers, _ = planGroups([]*event.Intent{update("a", 1), dl})
+	if !layers[0][0].returning {
+		t.Error("a dead_letter rule needs the matched rows")
+	}
+	layers, _ = planGroups([]*event.Intent{upsert("a", 1, "x"), upsert("a", 1, "y")})
+	if g := layers[0][0]; g.mayMiss || g.returning || g.folds != nil {
+		t.Error("upserts cannot miss")
+	}
+}

@@ -73,30 +73,38 @@ func (c *catalog) types(ctx context.Context, q queryer, table string) (columnTyp
 // per-connection statement cache prepares each shape once.
 type statements struct {
 	mu    sync.RWMutex
-	cache map[shape]string
+	cache map[stmtKey]string
 }
 
-func newStatements() *statements { return &statements{cache: map[shape]string{}} }
+// stmtKey: a shape's statement with and without RETURNING differ.
+type stmtKey struct {
+	shape     shape
+	returning bool
+}
+
+func newStatements() *statements { return &statements{cache: map[stmtKey]string{}} }
 
 // groupSQL returns the statement for a group of rows of one shape and its
-// arguments: one text[] per column.
+// arguments: one text[] per column, and the rows' ordinals when the
+// statement returns the rows that matched.
 func (s *statements) groupSQL(g *group, types columnTypes) (string, []any, error) {
+	k := stmtKey{g.shape, g.returning}
 	s.mu.RLock()
-	text, ok := s.cache[g.shape]
+	text, ok := s.cache[k]
 	s.mu.RUnlock()
 	if !ok {
 		var err error
-		text, err = buildGroupSQL(g.first, types)
+		text, err = buildGroupSQL(g.first, types, g.returning)
 		if err != nil {
 			return "", nil, err
 		}
 		s.mu.Lock()
-		s.cache[g.shape] = text
+		s.cache[k] = text
 		s.mu.Unlock()
 	}
 	first := g.first
 	ncols := len(first.Key) + len(first.Set) + len(first.Inc)
-	args := make([]any, ncols)
+	args := make([]any, ncols, ncols+1)
 	cols := make([][]*string, ncols)
 	for i := range cols {
 		cols[i] = make([]*string, len(g.rows))
@@ -117,92 +125,47 @@ func (s *statements) groupSQL(g *group, types columnTypes) (string, []any, error
 	for i := range cols {
 		args[i] = cols[i]
 	}
+	if g.returning {
+		ords := make([]int32, len(g.rows))
+		for i := range ords {
+			ords[i] = int32(i + 1)
+		}
+		args = append(args, ords)
+	}
 	return text, args, nil
 }
 
 // buildGroupSQL renders the multi-row statement of an intent's shape:
 // every column arrives as a text[] parameter, unnested and cast to the
-// column's type.
-func buildGroupSQL(in *event.Intent, types columnTypes) (string, error) {
-	table := quoteTable(in.Table)
-	const t = "pgscribe_t"
+// column's type; with returning, an int4[] of ordinals comes last.
+func buildGroupSQL(in *event.Intent, types columnTypes, returning bool) (string, error) {
+	o := opSQLs[in.Op]
+	if o.build == nil {
+		return "", fmt.Errorf("intent op %q cannot be rendered", in.Op)
+	}
+	s := &stmt{in: in, table: quoteTable(in.Table), val: map[string]string{}, returning: returning}
 	var params, aliases []string
-	n := 0
-	val := map[string]string{} // column → typed expression over u
 	add := func(cs []event.Column) []string {
 		var out []string
 		for _, c := range cs {
-			n++
-			alias := fmt.Sprintf("c%d", n)
+			n := len(params) + 1
+			a := fmt.Sprintf("c%d", n)
 			params = append(params, fmt.Sprintf("$%d::text[]", n))
-			aliases = append(aliases, alias)
-			expr := "u." + alias
+			aliases = append(aliases, a)
+			expr := "u." + a
 			if typ, ok := types[c.Name]; ok {
 				expr += "::" + typ
 			}
-			val[c.Name] = expr
+			s.val[c.Name] = expr
 			out = append(out, c.Name)
 		}
 		return out
 	}
-	keys, sets, incs := add(in.Key), add(in.Set), add(in.Inc)
-	from := fmt.Sprintf("unnest(%s) AS u(%s)", strings.Join(params, ", "), strings.Join(aliases, ", "))
-
-	switch in.Op {
-	case event.OpInsert, event.OpUpsert:
-		var cols, exprs []string
-		for _, group := range [][]string{keys, sets, incs} {
-			for _, c := range group {
-				cols = append(cols, quoteColumn(c))
-				exprs = append(exprs, val[c])
-			}
-		}
-		q := fmt.Sprintf("INSERT INTO %s AS %s (%s) SELECT %s FROM %s", table, t,
-			strings.Join(cols, ", "), strings.Join(exprs, ", "), from)
-		if in.Op == event.OpInsert {
-			return q, nil
-		}
-		var keyCols, assigns []string
-		for _, c := range keys {
-			keyCols = append(keyCols, quoteColumn(c))
-		}
-		for _, c := range sets {
-			assigns = append(assigns, fmt.Sprintf("%s = EXCLUDED.%s", quoteColumn(c), quoteColumn(c)))
-		}
-		for _, c := range incs {
-			// The stored value plus the increment; a new row gets the
-			// increment itself.
-			assigns = append(assigns, fmt.Sprintf("%s = %s.%s + EXCLUDED.%s", quoteColumn(c), t, quoteColumn(c), quoteColumn(c)))
-		}
-		if len(assigns) == 0 {
-			return q + fmt.Sprintf(" ON CONFLICT (%s) DO NOTHING", strings.Join(keyCols, ", ")), nil
-		}
-		return q + fmt.Sprintf(" ON CONFLICT (%s) DO UPDATE SET %s", strings.Join(keyCols, ", "), strings.Join(assigns, ", ")), nil
-	case event.OpUpdate:
-		var assigns, where []string
-		for _, c := range sets {
-			assigns = append(assigns, fmt.Sprintf("%s = %s", quoteColumn(c), val[c]))
-		}
-		for _, c := range incs {
-			assigns = append(assigns, fmt.Sprintf("%s = %s.%s + %s", quoteColumn(c), t, quoteColumn(c), val[c]))
-		}
-		for _, c := range keys {
-			where = append(where, fmt.Sprintf("%s.%s = %s", t, quoteColumn(c), val[c]))
-		}
-		if len(assigns) == 0 || len(where) == 0 {
-			return "", fmt.Errorf("update on %s needs key and set or inc columns", in.Table)
-		}
-		return fmt.Sprintf("UPDATE %s AS %s SET %s FROM %s WHERE %s", table, t,
-			strings.Join(assigns, ", "), from, strings.Join(where, " AND ")), nil
-	case event.OpDelete:
-		var where []string
-		for _, c := range keys {
-			where = append(where, fmt.Sprintf("%s.%s = %s", t, quoteColumn(c), val[c]))
-		}
-		if len(where) == 0 {
-			return "", fmt.Errorf("delete on %s needs key columns", in.Table)
-		}
-		return fmt.Sprintf("DELETE FROM %s AS %s USING %s WHERE %s", table, t, from, strings.Join(where, " AND ")), nil
+	s.keys, s.sets, s.incs = add(in.Key), add(in.Set), add(in.Inc)
+	if returning {
+		params = append(params, fmt.Sprintf("$%d::int4[]", len(params)+1))
+		aliases = append(aliases, "ord")
 	}
-	return "", fmt.Errorf("intent op %q cannot be rendered", in.Op)
+	s.from = fmt.Sprintf("unnest(%s) AS u(%s)", strings.Join(params, ", "), strings.Join(aliases, ", "))
+	return o.build(s)
 }

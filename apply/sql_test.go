@@ -13,11 +13,27 @@ func col(name string, v any) event.Column { return event.Column{Name: name, Valu
 func TestBuildGroupSQL(t *testing.T) {
 	types := columnTypes{"account_id": "text", "owner": "text", "balance": "bigint", "k": "integer"}
 	tests := []struct {
-		name    string
-		in      event.Intent
-		want    string
-		wantErr bool
+		name      string
+		in        event.Intent
+		returning bool
+		want      string
+		wantErr   bool
 	}{
+		{
+			name: "insert key only",
+			in:   event.Intent{Op: event.OpInsert, Table: "open_accounts", Key: []event.Column{col("account_id", "a")}},
+			want: `INSERT INTO "open_accounts" AS pgscribe_t ("account_id") SELECT u.c1::text FROM unnest($1::text[]) AS u(c1)`,
+		},
+		{
+			name: "update returning the rows that matched", returning: true,
+			in:   event.Intent{Op: event.OpUpdate, Table: "b", Key: []event.Column{col("k", 1)}, Inc: []event.Column{col("balance", 3)}},
+			want: `UPDATE "b" AS pgscribe_t SET "balance" = pgscribe_t."balance" + u.c2::bigint FROM unnest($1::text[], $2::text[], $3::int4[]) AS u(c1, c2, ord) WHERE pgscribe_t."k" = u.c1::integer RETURNING u.ord`,
+		},
+		{
+			name: "delete returning the rows that matched", returning: true,
+			in:   event.Intent{Op: event.OpDelete, Table: "b", Key: []event.Column{col("k", 1)}},
+			want: `DELETE FROM "b" AS pgscribe_t USING unnest($1::text[], $2::int4[]) AS u(c1, ord) WHERE pgscribe_t."k" = u.c1::integer RETURNING u.ord`,
+		},
 		{
 			name: "insert",
 			in:   event.Intent{Op: event.OpInsert, Table: "activity", Set: []event.Column{col("id", "e1"), col("owner", "o")}},
@@ -53,7 +69,7 @@ func TestBuildGroupSQL(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			got, err := buildGroupSQL(&tt.in, types)
+			got, err := buildGroupSQL(&tt.in, types, tt.returning)
 			if (err != nil) != tt.wantErr {
 				t.Fatalf("err = %v, wantErr %v", err, tt.wantErr)
 			}
@@ -61,6 +77,31 @@ func TestBuildGroupSQL(t *testing.T) {
 				t.Fatalf("sql =\n%s\nwant\n%s", got, tt.want)
 			}
 		})
+	}
+}
+
+// TestEveryOpHasSQL: every op of the op table has its SQL part here, and
+// every row op can be rendered and names its privileges.
+func TestEveryOpHasSQL(t *testing.T) {
+	for _, op := range event.Ops {
+		o, ok := opSQLs[op.Op]
+		if !ok {
+			t.Errorf("op %q has no entry in opSQLs", op.Op)
+			continue
+		}
+		row := op.Kind == event.KindRow
+		if (o.build != nil) != row || (o.privileges != nil) != row {
+			t.Errorf("op %q (kind %d): build and privileges must be set exactly for row ops", op.Op, op.Kind)
+		}
+		if o.onConflict && op.Key != event.Required {
+			t.Errorf("op %q uses ON CONFLICT on a key it does not require", op.Op)
+		}
+		if row && len(Privileges(op.Op, []string{"k"}, []string{"s"}, nil)) == 0 {
+			t.Errorf("op %q needs no privilege", op.Op)
+		}
+	}
+	if len(opSQLs) != len(event.Ops) {
+		t.Errorf("opSQLs has %d entries, event.Ops %d", len(opSQLs), len(event.Ops))
 	}
 }
 

@@ -10,6 +10,8 @@ package config
 import (
 	"fmt"
 	"os"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/pgscribe/pgscribe/rules"
@@ -201,3 +203,24 @@ func slotName(prefix, name string, version int64) string {
 // Enabled reports whether the metrics listener should run: Listen is
 // neither empty nor "off".
 func (m Metrics) Enabled() bool { return m.Listen != "" && m.Listen != "off" }
+
+// RuleLine is the line in the file of a rule's field, for errors found
+// after Load (rules.Compile's): projection and rule are 0-based indexes,
+// field is as in rules.CompileError ("when", "set.balance", "args[2]",
+// "" for the rule itself). It is 0 when the file does not say.
+func (c *Config) RuleLine(projection, rule int, field string) int {
+	p := keyPath{"projection"}.index(projection).key("rule").index(rule)
+	if field != "" {
+		head, rest, _ := strings.Cut(field, ".")
+		if name, n, ok := strings.Cut(head, "["); ok {
+			i, _ := strconv.Atoi(strings.TrimSuffix(n, "]"))
+			p = p.key(name).index(i - 1) // args[N] is 1-based
+		} else {
+			p = p.key(head)
+		}
+		if rest != "" {
+			p = p.key(rest)
+		}
+	}
+	return c.lines.line(p)
+}

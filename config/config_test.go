@@ -142,7 +142,13 @@ func TestLoadErrors(t *testing.T) {
 		{name: "insert with key ok", src: rule(`op = "insert"`, `table = "t"`, `key = { id = "id" }`, `inc = { n = "1" }`)},
 		{name: "insert table missing", src: "[[projection]]\nname = \"p\"\nversion = 1\n[[projection.rule]] # HERE\nop = \"insert\"\nset = { a = \"id\" }\n", wantErr: true, wantKey: "projection[0].rule[0].table"},
 		{name: "insert table empty", src: rule(`op = "insert"`, `table = "" `+marker, `set = { a = "id" }`), wantErr: true, wantKey: "projection[0].rule[0].table"},
-		{name: "insert set and inc missing", src: "[[projection]]\nname = \"p\"\nversion = 1\n[[projection.rule]] # HERE\nop = \"insert\"\ntable = \"t\"\n", wantErr: true, wantKey: "projection[0].rule[0].set"},
+		{name: "insert key, set and inc missing", src: "[[projection]]\nname = \"p\"\nversion = 1\n[[projection.rule]] # HERE\nop = \"insert\"\ntable = \"t\"\n", wantErr: true, wantKey: "projection[0].rule[0].key"},
+		{name: "insert key only ok", src: rule(`op = "insert"`, `table = "t"`, `key = { id = "id" }`)},
+		{name: "upsert key only ok", src: rule(`op = "upsert"`, `table = "t"`, `key = { id = "id" }`)},
+		{name: "update if_missing ok", src: rule(`op = "update"`, `table = "t"`, `key = { id = "id" }`, `set = { a = "id" }`, `if_missing = "dead_letter"`)},
+		{name: "delete if_missing ok", src: rule(`op = "delete"`, `table = "t"`, `key = { id = "id" }`, `if_missing = "ignore"`)},
+		{name: "insert with if_missing", src: rule(`op = "insert"`, `table = "t"`, `key = { id = "id" }`, `if_missing = "ignore" `+marker), wantErr: true, wantKey: "projection[0].rule[0].if_missing"},
+		{name: "if_missing unknown", src: rule(`op = "delete"`, `table = "t"`, `key = { id = "id" }`, `if_missing = "halt" `+marker), wantErr: true, wantKey: "projection[0].rule[0].if_missing"},
 		{name: "update set empty", src: rule(`op = "update"`, `table = "t"`, `key = { id = "id" }`, `set = {} `+marker), wantErr: true, wantKey: "projection[0].rule[0].set"},
 		{name: "update inc only ok", src: rule(`op = "update"`, `table = "t"`, `key = { id = "id" }`, `inc = { n = "1" }`)},
 		{name: "upsert key missing", src: "[[projection]]\nname = \"p\"\nversion = 1\n[[projection.rule]] # HERE\nop = \"upsert\"\ntable = \"t\"\nset = { a = \"id\" }\n", wantErr: true, wantKey: "projection[0].rule[0].key"},
@@ -739,5 +745,67 @@ func TestExampleRulesOnDemoEvents(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestErrorsNameRules: a problem in a rule names the projection and the
+// rule as the user wrote them (a default name when it has none), with the
+// file and line.
+func TestErrorsNameRules(t *testing.T) {
+	clearEnv(t)
+	src := rule(`name = "open-index"`, `op = "insert"`, `table = "t"`, `set = { a = "id" }`, `inc = { a = "1" }`) +
+		"[[projection.rule]]\non = \"Closed\"\nop = \"delete\"\ntable = \"t\"\n"
+	_, err := Load(writeConfig(t, src))
+	if err == nil {
+		t.Fatal("Load succeeded, want errors")
+	}
+	for _, want := range []string{
+		`pgscribe.toml:9: projection "p" v1, rule "open-index": inc.a: column "a" is already in set`,
+		`pgscribe.toml:10: projection "p" v1, rule "Closed#2": key: is required with op = "delete"`,
+	} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("error %q does not contain %q", err, want)
+		}
+	}
+}
+
+// TestLoadSettingsSkipsRules: migrate's load accepts a file whose rules
+// do not validate, and still checks the other tables.
+func TestLoadSettingsSkipsRules(t *testing.T) {
+	clearEnv(t)
+	bad := rule(`op = "merge"`)
+	if _, err := Load(writeConfig(t, bad)); err == nil {
+		t.Fatal("Load accepted an unknown op")
+	}
+	c, err := LoadSettings(writeConfig(t, "[engine]\nschema = \"eng\"\n"+bad))
+	if err != nil {
+		t.Fatalf("LoadSettings: %v", err)
+	}
+	if c.Engine.Schema != "eng" || len(c.Projections) != 0 {
+		t.Errorf("got schema %q and %d projections", c.Engine.Schema, len(c.Projections))
+	}
+	if _, err := LoadSettings(writeConfig(t, "[engine]\nbatch_size = \"x\"\n"+bad)); err == nil {
+		t.Error("LoadSettings accepted a bad engine setting")
+	}
+}
+
+// TestRuleLine finds the line of a rule's field as rules.CompileError
+// names it.
+func TestRuleLine(t *testing.T) {
+	clearEnv(t)
+	src := rule(`op = "sql"`, `sql = "SELECT $1"`, `args = [`, `  "id",`, `]`) +
+		"[[projection.rule]]\nop = \"update\"\ntable = \"t\"\nkey = { id = \"id\" }\nset = { a = \"1\" }\n"
+	c, err := Load(writeConfig(t, src))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tt := range []struct {
+		rule  int
+		field string
+		want  int
+	}{{0, "", 4}, {0, "sql", 6}, {0, "args[1]", 8}, {1, "set.a", 14}, {1, "when", 10}} {
+		if got := c.RuleLine(0, tt.rule, tt.field); got != tt.want {
+			t.Errorf("RuleLine(0, %d, %q) = %d, want %d", tt.rule, tt.field, got, tt.want)
+		}
 	}
 }

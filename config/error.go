@@ -2,9 +2,13 @@ package config
 
 import (
 	"cmp"
+	"fmt"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
+
+	"github.com/pgscribe/pgscribe/rules"
 )
 
 // Error is one problem in the configuration file. Line is 1-based; it is 0
@@ -16,12 +20,17 @@ type Error struct {
 	Line int
 	Key  string
 	Msg  string
+	// Where is Key as a user names it: a projection by name and version, a
+	// rule by its name (or its default name), then the rest of the key:
+	// projection "bank" v1, rule "open-index": set. Empty outside
+	// [[projection]] or when the projection has no usable name.
+	Where string
 
 	err error // underlying cause, if any (I/O or TOML parse error)
 }
 
 // Error formats the problem as file:line: key: msg, leaving out the parts
-// that are unknown.
+// that are unknown; Where, when set, stands for the key.
 func (e *Error) Error() string {
 	var b strings.Builder
 	b.WriteString(e.File)
@@ -33,11 +42,11 @@ func (e *Error) Error() string {
 		}
 		b.WriteString(strconv.Itoa(e.Line))
 	}
-	if e.Key != "" {
+	if key := cmp.Or(e.Where, e.Key); key != "" {
 		if b.Len() > 0 {
 			b.WriteString(": ")
 		}
-		b.WriteString(e.Key)
+		b.WriteString(key)
 	}
 	if b.Len() > 0 {
 		b.WriteString(": ")
@@ -77,4 +86,47 @@ func (es Errors) Unwrap() []error {
 // found among problems of one line.
 func (es Errors) sort() {
 	slices.SortStableFunc(es, func(a, b *Error) int { return cmp.Compare(a.Line, b.Line) })
+}
+
+// projectionKeyRE splits a key under [[projection]]: element, rule element
+// and the rest.
+var projectionKeyRE = regexp.MustCompile(`^projection\[(\d+)\](?:\.rule\[(\d+)\])?(?:\.(.+))?$`)
+
+// nameRules sets Where on the problems under [[projection]], naming the
+// projection and rule as the user wrote them (raw is the decoded file). A
+// projection without a usable name and version keeps its indexed key.
+func nameRules(es Errors, raw map[string]any) {
+	elems, _ := tableArray(raw["projection"])
+	for _, e := range es {
+		m := projectionKeyRE.FindStringSubmatch(e.Key)
+		if m == nil {
+			continue
+		}
+		pi, _ := strconv.Atoi(m[1])
+		if pi >= len(elems) {
+			continue
+		}
+		proj, _ := elems[pi].(map[string]any)
+		name, _ := proj["name"].(string)
+		version, ok := proj["version"].(int64)
+		if name == "" || !ok {
+			continue
+		}
+		where := fmt.Sprintf("projection %q v%d", name, version)
+		if m[2] != "" {
+			ri, _ := strconv.Atoi(m[2])
+			rs, _ := tableArray(proj["rule"])
+			if ri >= len(rs) {
+				continue
+			}
+			r, _ := rs[ri].(map[string]any)
+			spec := rules.RuleSpec{On: r["on"]}
+			spec.Name, _ = r["name"].(string)
+			where += fmt.Sprintf(", rule %q", rules.RuleName(ri, spec))
+		}
+		if m[3] != "" {
+			where += ": " + m[3]
+		}
+		e.Where = where
+	}
 }

@@ -27,7 +27,15 @@ import (
 // When PGSCRIBE_DATABASE_URL is set and non-empty it replaces [database]
 // url. Load does not require a database URL, so that `pgscribe check` can
 // run offline; commands that connect call RequireDatabase.
-func Load(path string) (*Config, error) {
+func Load(path string) (*Config, error) { return loadFile(path, true) }
+
+// LoadSettings is Load without [[projection]]: it reads and validates
+// every other table and leaves Projections empty, so that a command that
+// needs no rules (migrate) is not refused for a rule's mistake. Unknown
+// top-level keys are still errors.
+func LoadSettings(path string) (*Config, error) { return loadFile(path, false) }
+
+func loadFile(path string, withRules bool) (*Config, error) {
 	src, err := os.ReadFile(path)
 	if err != nil {
 		msg := err.Error()
@@ -37,10 +45,10 @@ func Load(path string) (*Config, error) {
 		}
 		return nil, &Error{File: path, Msg: "cannot read: " + msg, err: err}
 	}
-	return load(path, string(src))
+	return load(path, string(src), withRules)
 }
 
-func load(file, src string) (*Config, error) {
+func load(file, src string, withRules bool) (*Config, error) {
 	var raw map[string]any
 	if _, err := toml.Decode(src, &raw); err != nil {
 		e := &Error{File: file, Msg: err.Error(), err: err}
@@ -63,11 +71,16 @@ func load(file, src string) (*Config, error) {
 	d.retry(root.sub("retry"), &c.Retry)
 	d.metrics(root.sub("metrics"), &c.Metrics)
 	d.log(root.sub("log"), &c.Log)
-	c.Projections = d.projections(root, c.Source.SlotPrefix)
+	if withRules {
+		c.Projections = d.projections(root, c.Source.SlotPrefix)
+	} else {
+		root.get("projection") // known, not read
+	}
 	root.done()
 
 	if len(d.errs) > 0 {
 		d.errs.sort()
+		nameRules(d.errs, raw)
 		return nil, d.errs
 	}
 	if u := os.Getenv(EnvDatabaseURL); u != "" {

@@ -13,34 +13,6 @@ import (
 // names, which allow only lower-case letters, digits and underscores.
 var projectionNameRE = regexp.MustCompile(`^[a-z][a-z0-9_]*$`)
 
-// ops lists the rule operations in the order the docs present them.
-var ops = []string{
-	string(event.OpInsert), string(event.OpUpsert), string(event.OpUpdate),
-	string(event.OpDelete), string(event.OpSQL), string(event.OpFail),
-}
-
-// use says whether a rule field may, must or must not be given for an op.
-type use int
-
-const (
-	forbidden use = iota
-	optional
-	required
-)
-
-// shape is what each op needs. write stands for set and inc together: when
-// required, at least one of them must name a column.
-type shape struct{ table, key, write, sql, message use }
-
-var shapes = map[event.Op]shape{
-	event.OpInsert: {table: required, key: optional, write: required},
-	event.OpUpsert: {table: required, key: required, write: required},
-	event.OpUpdate: {table: required, key: required, write: required},
-	event.OpDelete: {table: required, key: required},
-	event.OpSQL:    {sql: required},
-	event.OpFail:   {message: required},
-}
-
 type projectionID struct {
 	name    string
 	version int64
@@ -108,7 +80,7 @@ func (d *decoder) projection(t *table, slotPrefix string) rules.Spec {
 		}
 	}
 
-	t.oneOf("on_error", &s.OnError, rules.OnErrorDeadLetter, rules.OnErrorHalt, rules.OnErrorPark)
+	t.oneOf("on_error", &s.OnError, rules.OnErrorValues...)
 
 	v, rp, ok := t.get("rule")
 	elems, isArray := tableArray(v)
@@ -145,6 +117,7 @@ func (d *decoder) rule(t *table) rules.RuleSpec {
 	t.name("name", &r.Name)
 	r.On = d.on(t)
 	t.name("when", &r.When)
+	ops := event.OpNames()
 	opSet := t.oneOf("op", &r.Op, ops...)
 	if !opSet && !t.has("op") {
 		d.fail(t.path.key("op"), "is required (one of %s)", strings.Join(ops, ", "))
@@ -156,12 +129,18 @@ func (d *decoder) rule(t *table) rules.RuleSpec {
 	t.name("sql", &r.SQL)
 	r.Args = d.args(t)
 	t.name("message", &r.Message)
+	t.oneOf("if_missing", &r.IfMissing, rules.IfMissingValues...)
 	t.done()
 
-	if opSet {
-		d.checkShape(t, r)
+	if op, ok := event.Op(r.Op).Spec(); opSet && ok {
+		decoded := rules.SpecPresence(r)
+		d.report(t, rules.CheckFields(op, func(field string) (bool, bool) {
+			// A value already reported as bad is not empty as well.
+			_, nonEmpty := decoded(field)
+			return t.has(field), nonEmpty || d.failedUnder(t.path.key(field))
+		}))
 	}
-	d.checkOverlap(t, r)
+	d.report(t, rules.CheckOverlap(r))
 	return r
 }
 
@@ -251,58 +230,14 @@ func (d *decoder) args(t *table) []string {
 	return args
 }
 
-// checkShape reports fields an op requires but lacks, and fields it does
-// not use: a stray field is almost always a mistake (a wrong op, or a key
-// meant for the next rule), so it is an error rather than ignored.
-func (d *decoder) checkShape(t *table, r rules.RuleSpec) {
-	sh := shapes[event.Op(r.Op)]
-	field := func(key string, u use, given bool) {
-		switch {
-		case u == forbidden && t.has(key):
-			d.fail(t.path.key(key), "is not allowed with op = %q", r.Op)
-		case u == required && !t.has(key):
-			d.fail(t.path.key(key), "is required with op = %q", r.Op)
-		case u == required && !given && !d.failedUnder(t.path.key(key)):
-			d.fail(t.path.key(key), "must not be empty with op = %q", r.Op)
+// report adds the problems the rules package found in a rule's fields.
+func (d *decoder) report(t *table, ps []rules.FieldProblem) {
+	for _, p := range ps {
+		kp := t.path.key(p.Field)
+		if p.Column != "" {
+			kp = kp.key(p.Column)
 		}
-	}
-	field("table", sh.table, r.Table != "")
-	field("key", sh.key, len(r.Key) > 0)
-	field("sql", sh.sql, r.SQL != "")
-	field("args", min(sh.sql, optional), true)
-	field("message", sh.message, r.Message != "")
-	switch sh.write {
-	case forbidden:
-		field("set", forbidden, false)
-		field("inc", forbidden, false)
-	case required:
-		if len(r.Set) == 0 && len(r.Inc) == 0 &&
-			!d.failedUnder(t.path.key("set")) && !d.failedUnder(t.path.key("inc")) {
-			key := "set"
-			if !t.has("set") && t.has("inc") {
-				key = "inc"
-			}
-			d.fail(t.path.key(key), "set or inc must name at least one column with op = %q", r.Op)
-		}
-	}
-}
-
-// checkOverlap reports a column named in more than one of key, set and inc:
-// the statement would assign it twice.
-func (d *decoder) checkOverlap(t *table, r rules.RuleSpec) {
-	groups := []struct {
-		key  string
-		cols map[string]string
-	}{{"key", r.Key}, {"set", r.Set}, {"inc", r.Inc}}
-	for i, g := range groups {
-		for _, col := range sortedKeys(g.cols) {
-			for _, earlier := range groups[:i] {
-				if _, dup := earlier.cols[col]; dup {
-					d.fail(t.path.key(g.key).key(col), "column %q is already in %s", col, earlier.key)
-					break
-				}
-			}
-		}
+		d.fail(kp, "%s", p.Msg)
 	}
 }
 

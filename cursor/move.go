@@ -45,11 +45,11 @@ func Move(ctx context.Context, q event.Querier, schema, projection string, versi
 	return nil
 }
 
-// Park parks a stream from position since on (a held event that failed
-// again when released), unless it is parked already.
+// Park parks a stream from position since on: a held event failed again
+// when released and is now the stream's dead letter.
 func Park(ctx context.Context, q event.Querier, schema, projection string, version int64, streamID string, since int64) error {
 	_, err := q.Exec(ctx, "UPDATE "+pgx.Identifier{schema, "cursors"}.Sanitize()+
-		" SET parked_since = coalesce(parked_since, $4), updated_at = now() WHERE projection = $1 AND version = $2 AND stream_id = $3",
+		" SET parked_since = $4, updated_at = now() WHERE projection = $1 AND version = $2 AND stream_id = $3",
 		projection, version, streamID, since)
 	if err != nil {
 		return fmt.Errorf("park stream %s: %w", streamID, err)

@@ -20,15 +20,46 @@ import (
 func Compile(cfg *config.Config) ([]*rules.Program, error) {
 	progs := make([]*rules.Program, 0, len(cfg.Projections))
 	var errs []error
-	for _, spec := range cfg.Projections {
+	for i, spec := range cfg.Projections {
 		prog, err := rules.Compile(spec)
 		if err != nil {
-			errs = append(errs, err)
+			errs = append(errs, locate(cfg, i, spec, err))
 			continue
 		}
 		progs = append(progs, prog)
 	}
 	return progs, errors.Join(errs...)
+}
+
+// locate prefixes each rules.CompileError in err with the file and line
+// of the field it names, as configuration errors are.
+func locate(cfg *config.Config, projection int, spec rules.Spec, err error) error {
+	var errs []error
+	if j, ok := err.(interface{ Unwrap() []error }); ok {
+		errs = j.Unwrap()
+	} else {
+		errs = []error{err}
+	}
+	for k, e := range errs {
+		var ce *rules.CompileError
+		if !errors.As(e, &ce) {
+			continue
+		}
+		rule := -1
+		for j, rs := range spec.Rules {
+			if rules.RuleName(j, rs) == ce.Rule {
+				rule = j
+				break
+			}
+		}
+		if rule < 0 {
+			continue
+		}
+		if line := cfg.RuleLine(projection, rule, ce.Field); line > 0 {
+			errs[k] = fmt.Errorf("%s:%d: %w", cfg.Path, line, e)
+		}
+	}
+	return errors.Join(errs...)
 }
 
 // RunOptions configures RunAll.

@@ -271,6 +271,16 @@ func (s *session) backfill(ctx context.Context, replConn *pgconn.PgConn, sink *l
 		return err
 	}
 	defer snap.Close(ctx)
+	// Backfill batches carry no commit time; the snapshot's newest commit
+	// stands for the commit time at the watermark (status's COMMITTED, the
+	// watermark commit timestamp metric), which would stay unknown until a
+	// live event arrived. The snapshot does not change, so it is read
+	// before the batches, and an empty ledger transaction after them sets
+	// it once they are all accounted for.
+	snapTime, err := snapshotCommitTime(ctx, snapConn, s.cfg.Source)
+	if err != nil {
+		s.log.Warn("commit time of the snapshot's newest events unknown", "err", err)
+	}
 	s.log.Info("backfill started", "slot", s.slot, "consistent_lsn", consistent.String(), "events", snap.Total)
 	if err := s.fenced(ctx, func(tx pgx.Tx) error {
 		return s.store.SaveWatermark(ctx, tx, cursor.Watermark{SlotName: s.slot, LSN: consistent, Phase: "backfilling",
@@ -308,15 +318,8 @@ func (s *session) backfill(ctx context.Context, replConn *pgconn.PgConn, sink *l
 			})
 		}
 	}
-	// Backfill batches carry no commit time; the snapshot's newest commit
-	// stands for the commit time at the watermark (status's COMMITTED, the
-	// watermark commit timestamp metric), which would stay unknown until a
-	// live event arrived. An empty ledger transaction after the batches
-	// sets it once they are all accounted for.
-	if ct, err := snapshotCommitTime(ctx, snapConn, s.cfg.Source); err != nil {
-		s.log.Warn("commit time of the snapshot's newest events unknown", "err", err)
-	} else if !ct.IsZero() {
-		sink.Commit(sink.Begin(0, ct), 0)
+	if !snapTime.IsZero() {
+		sink.Commit(sink.Begin(0, snapTime), 0)
 	}
 	if err := s.ledger.settle(ctx); err != nil {
 		return err

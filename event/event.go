@@ -50,19 +50,6 @@ type Event struct {
 	CommitTime time.Time
 }
 
-// Op is a write operation a rule asks for.
-type Op string
-
-// The operations a rule can produce.
-const (
-	OpInsert Op = "insert"
-	OpUpsert Op = "upsert"
-	OpUpdate Op = "update"
-	OpDelete Op = "delete"
-	OpSQL    Op = "sql"
-	OpFail   Op = "fail"
-)
-
 // Column is one column assignment of an intent, in rule order.
 type Column struct {
 	Name  string
@@ -74,12 +61,18 @@ type Column struct {
 // whoever renders SQL. For OpSQL, SQL and Args are set and the other fields
 // are empty.
 type Intent struct {
-	Rule  string
-	Op    Op
-	Table string
-	Key   []Column
-	Set   []Column
-	Inc   []Column
-	SQL   string
-	Args  []any
+	Rule string
+	// RuleIndex is the rule's 0-based place in its projection: the
+	// statements of a batch run in rule order, the same in every batch.
+	RuleIndex int
+	Op        Op
+	Table     string
+	Key       []Column
+	Set       []Column
+	Inc       []Column
+	SQL       string
+	Args      []any
+	// DeadLetterIfMissing: the rule says if_missing = "dead_letter", so an
+	// update or delete that matches no row dead-letters the event.
+	DeadLetterIfMissing bool
 }

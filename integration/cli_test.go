@@ -9,8 +9,6 @@ import (
 	"bufio"
 	"bytes"
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -20,62 +18,32 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 )
 
+// The rules of the balances projections, shared by the CLI and core tests.
+const (
+	accountKey  = `account_id = "data.account_id"`
+	balanceMove = `balance = "type == 'Deposited' ? data.amount : -data.amount"`
+)
+
 // cliBalances is the projection most CLI tests run: the design's example,
 // plus a fail rule for "Bogus" events so that two error kinds show up.
-const cliBalances = `
-[[projection]]
-name    = "balances"
-version = 1
-
-  [[projection.rule]]
-  name  = "open"
-  on    = "AccountOpened"
-  op    = "upsert"
-  table = "balances"
-  key   = { account_id = "data.account_id" }
-  set   = { owner = "data.owner", balance = "data.initial" }
-
-  [[projection.rule]]
-  name    = "non_positive"
-  on      = "Withdrawn"
-  when    = "data.amount <= 0"
-  op      = "fail"
-  message = "'non-positive withdrawal: ' + string(data.amount)"
-
-  [[projection.rule]]
-  name  = "move"
-  on    = ["Deposited", "Withdrawn"]
-  op    = "update"
-  table = "balances"
-  key   = { account_id = "data.account_id" }
-  inc   = { balance = "type == 'Deposited' ? data.amount : -data.amount" }
-
-  [[projection.rule]]
-  name    = "bogus"
-  on      = "Bogus"
-  op      = "fail"
-  message = "'bogus event'"
-`
+var cliBalances = projectionTOML("balances", 1, "",
+	rule{name: "open", on: "AccountOpened", op: "upsert", table: "balances", key: accountKey,
+		set: `owner = "data.owner", balance = "data.initial"`},
+	rule{name: "non_positive", on: "Withdrawn", when: "data.amount <= 0", op: "fail",
+		message: "'non-positive withdrawal: ' + string(data.amount)"},
+	rule{name: "move", on: "Deposited,Withdrawn", op: "update", table: "balances", key: accountKey, inc: balanceMove},
+	rule{name: "bogus", on: "Bogus", op: "fail", message: "'bogus event'"},
+)
 
 // cliAudit dead-letters the Bogus events too, under another projection.
-const cliAudit = `
-[[projection]]
-name    = "audit"
-version = 1
-
-  [[projection.rule]]
-  name    = "audit_bogus"
-  on      = "Bogus"
-  op      = "fail"
-  message = "'audit rejects bogus events'"
-`
+var cliAudit = projectionTOML("audit", 1, "",
+	rule{name: "audit_bogus", on: "Bogus", op: "fail", message: "'audit rejects bogus events'"})
 
 // cliBalancesTable is the read model of cliBalances.
 const cliBalancesTable = `CREATE TABLE balances (
@@ -115,43 +83,17 @@ func newCLIEnv(t *testing.T) *cliEnv {
 		t.Fatalf("connect: %v", err)
 	}
 	t.Cleanup(func() { conn.Close(context.Background()) })
-	var b [4]byte
-	if _, err := rand.Read(b[:]); err != nil {
-		t.Fatal(err)
-	}
-	return &cliEnv{t: t, dsn: dsn, dir: t.TempDir(), bin: bin, prefix: "cli" + hex.EncodeToString(b[:]), conn: conn}
+	return &cliEnv{t: t, dsn: dsn, dir: t.TempDir(), bin: bin, prefix: uniqueID("cli"), conn: conn}
 }
 
 // config writes a configuration file and returns its path. source and
 // engine are extra lines for those tables.
 func (e *cliEnv) config(name, source, engine, projections string) string {
 	e.t.Helper()
-	body := fmt.Sprintf(`[database]
-url = %q
-
-[source]
-slot_prefix = %q
-%s
-
-[engine]
-node             = "cli-node"
-standby_poll     = "200ms"
-lag_interval     = "200ms"
-status_interval  = "1s"
-shutdown_timeout = "30s"
-%s
-
-[metrics]
-listen = "127.0.0.1:0"
-
-[log]
-format = "json"
-%s`, e.dsn, e.prefix, source, engine, projections)
-	path := filepath.Join(e.dir, name+".toml")
-	if err := os.WriteFile(path, []byte(body), 0o600); err != nil {
-		e.t.Fatal(err)
-	}
-	return path
+	return newConfig(e.dsn, e.prefix).raw("source", source).with("engine", map[string]string{
+		"node": `"cli-node"`, "standby_poll": `"200ms"`, "lag_interval": `"200ms"`, "status_interval": `"1s"`,
+		"shutdown_timeout": `"30s"`,
+	}).raw("engine", engine).add(projections).write(e.t, filepath.Join(e.dir, name+".toml"))
 }
 
 // cliResult is what one command run gave.
@@ -162,16 +104,6 @@ type cliResult struct {
 
 func (r cliResult) String() string {
 	return fmt.Sprintf("exit %d\nstdout:\n%s\nstderr:\n%s", r.code, r.stdout, r.stderr)
-}
-
-// cliCommand prepares the binary with an environment that cannot override
-// the test's configuration.
-func cliCommand(ctx context.Context, bin string, args ...string) *exec.Cmd {
-	cmd := exec.CommandContext(ctx, bin, args...)
-	cmd.Env = slices.DeleteFunc(os.Environ(), func(kv string) bool {
-		return strings.HasPrefix(kv, "PGSCRIBE_DATABASE_URL=") || strings.HasPrefix(kv, "PGSCRIBE_CONFIG=")
-	})
-	return cmd
 }
 
 // runCLI runs the binary to completion.
@@ -229,13 +161,7 @@ func (e *cliEnv) exec(sql string, args ...any) {
 
 func (e *cliEnv) queryInt(sql string, args ...any) int64 {
 	e.t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	var n int64
-	if err := e.conn.QueryRow(ctx, sql, args...).Scan(&n); err != nil {
-		e.t.Fatalf("%s: %v", sql, err)
-	}
-	return n
+	return scalar[int64](e.t, e.conn, sql, args...)
 }
 
 // setup migrates (through the binary, creating the events table and the
@@ -244,6 +170,19 @@ func (e *cliEnv) setup(cfg string) {
 	e.t.Helper()
 	e.mustRun(0, "migrate", "-config", cfg, "-events-table")
 	e.exec(cliBalancesTable)
+}
+
+// newCLIAccounts is the start of most CLI tests: an environment whose
+// configuration name runs projections, migrated, with accounts accounts
+// opened and moves 1..moves appended to each.
+func newCLIAccounts(t *testing.T, name, projections string, accounts, moves int) (*cliEnv, string) {
+	t.Helper()
+	e := newCLIEnv(t)
+	cfg := e.config(name, "", "", projections)
+	e.setup(cfg)
+	e.openAccounts(accounts)
+	e.moves(accounts, 1, moves)
+	return e, cfg
 }
 
 // openAccounts appends AccountOpened for accounts 1..n.
@@ -274,13 +213,9 @@ SELECT 'junk-' || b, 1, 'Bogus', jsonb_build_object('n', b) FROM generate_series
 
 // waitAccounted waits until every event is accounted for by the projection
 // version's cursors (applied + skipped + dead-lettered = events).
-func (e *cliEnv) waitAccounted(p *cliEngine, projection string, version int64) {
+func (e *cliEnv) waitAccounted(p *node, projection string, version int) {
 	e.t.Helper()
-	waitFor(e.t, 2*time.Minute, fmt.Sprintf("%s v%d to account for every event", projection, version), func() bool {
-		p.requireRunning()
-		return e.queryInt(`SELECT (SELECT count(*) FROM events) - coalesce((SELECT sum(applied + skipped + dead_lettered)
-FROM pgscribe.cursors WHERE projection = $1 AND version = $2), 0)::bigint`, projection, version) == 0
-	})
+	waitAccounted(e.t, e.conn, 2*time.Minute, projection, version, p.broken)
 }
 
 // balanceDiff counts the rows where the balances table and the independent
@@ -297,77 +232,10 @@ func (e *cliEnv) slotExists(name string) bool {
 	return e.queryInt(`SELECT count(*) FROM pg_replication_slots WHERE slot_name = $1`, name) == 1
 }
 
-// cliEngine is a running `pgscribe run`; its log goes to a file that a
-// failing test prints.
-type cliEngine struct {
-	t    *testing.T
-	cmd  *exec.Cmd
-	log  string
-	done chan struct{}
-	err  error
-}
-
-func (e *cliEnv) start(cfg string) *cliEngine {
+// start runs `pgscribe run` on cfg.
+func (e *cliEnv) start(cfg string) *node {
 	e.t.Helper()
-	logPath := filepath.Join(e.dir, fmt.Sprintf("engine-%d.log", time.Now().UnixNano()))
-	f, err := os.Create(logPath)
-	if err != nil {
-		e.t.Fatal(err)
-	}
-	cmd := cliCommand(context.Background(), e.bin, "run", "-config", cfg)
-	cmd.Stdout, cmd.Stderr = f, f
-	if err := cmd.Start(); err != nil {
-		f.Close()
-		e.t.Fatalf("start pgscribe run: %v", err)
-	}
-	p := &cliEngine{t: e.t, cmd: cmd, log: logPath, done: make(chan struct{})}
-	go func() {
-		p.err = cmd.Wait()
-		f.Close()
-		close(p.done)
-	}()
-	e.t.Cleanup(func() {
-		select {
-		case <-p.done:
-		default:
-			_ = cmd.Process.Kill()
-			<-p.done
-		}
-		if e.t.Failed() {
-			b, _ := os.ReadFile(logPath)
-			e.t.Logf("pgscribe run log (%s):\n%s", logPath, b)
-		}
-	})
-	return p
-}
-
-// requireRunning fails the test when the engine has exited.
-func (p *cliEngine) requireRunning() {
-	p.t.Helper()
-	select {
-	case <-p.done:
-		b, _ := os.ReadFile(p.log)
-		p.t.Fatalf("pgscribe run exited early: %v\n%s", p.err, b)
-	default:
-	}
-}
-
-// stop sends SIGTERM and waits for a clean exit.
-func (p *cliEngine) stop() {
-	p.t.Helper()
-	p.requireRunning()
-	if err := p.cmd.Process.Signal(syscall.SIGTERM); err != nil {
-		p.t.Fatalf("SIGTERM: %v", err)
-	}
-	select {
-	case <-p.done:
-	case <-time.After(90 * time.Second):
-		p.t.Fatalf("pgscribe run did not exit within 90s of SIGTERM")
-	}
-	if p.err != nil {
-		b, _ := os.ReadFile(p.log)
-		p.t.Fatalf("pgscribe run after SIGTERM: %v (want exit 0)\n%s", p.err, b)
-	}
+	return startNode(e.t, fmt.Sprintf("pgscribe-%s", filepath.Base(cfg)), cfg)
 }
 
 // cliStatus is the contract of `status -json`, spelled out with its keys.
@@ -471,12 +339,8 @@ func kindsOf(ds []cliDeadLetter) map[string]int {
 // filter, paging and both output forms.
 func TestCLIDeadLetters(t *testing.T) {
 	t.Parallel()
-	e := newCLIEnv(t)
-	cfg := e.config("dl", "", "", cliBalances+cliAudit)
-	e.setup(cfg)
 	const accounts, bogus = 4, 3
-	e.openAccounts(accounts)
-	e.moves(accounts, 1, 15) // move 15: a withdrawal of 0 per account
+	e, cfg := newCLIAccounts(t, "dl", cliBalances+cliAudit, accounts, 15) // move 15: a withdrawal of 0 per account
 	e.bogus(bogus)
 	p := e.start(cfg)
 	e.waitAccounted(p, "balances", 1)
@@ -649,11 +513,7 @@ func mapsEq(a, b map[string]int) bool {
 // SIGTERM, with no engine needed for the command itself.
 func TestCLIStatus(t *testing.T) {
 	t.Parallel()
-	e := newCLIEnv(t)
-	cfg := e.config("status", "", "", cliBalances)
-	e.setup(cfg)
-	e.openAccounts(3)
-	e.moves(3, 1, 15)
+	e, cfg := newCLIAccounts(t, "status", cliBalances, 3, 15)
 	events := e.queryInt("SELECT count(*) FROM events")
 
 	s := e.status(cfg)
@@ -759,17 +619,8 @@ func TestCLIStatusBackfillProgress(t *testing.T) {
 	cfg := e.config("backfill", "", `parallelism         = 1
 batch_size          = 100
 backfill_batch_size = 100
-queue_size          = 100`, `
-[[projection]]
-name    = "slow"
-version = 1
-
-  [[projection.rule]]
-  name = "sleep"
-  op   = "sql"
-  sql  = "SELECT pg_sleep($1)"
-  args = ["0.002"]
-`)
+queue_size          = 100`, projectionTOML("slow", 1, "",
+		rule{name: "sleep", op: "sql", sql: "SELECT pg_sleep($1)", args: `["0.002"]`}))
 	e.setup(cfg)
 	e.openAccounts(100)
 	e.moves(100, 1, 99)
@@ -848,16 +699,9 @@ func TestCLICheck(t *testing.T) {
 			want: []string{`balances v1 rule "open": table "balances_extra" column "opened_at": is NOT NULL without a default, and the rule does not set it`}},
 		{name: "missing publication", source: `publication = "nosuch_pub"`,
 			want: []string{`source: publication "nosuch_pub": does not exist (pgscribe migrate creates it)`}},
-		{name: "sql rule", from: `[[projection.rule]]
-  name    = "bogus"`, to: `[[projection.rule]]
-  name = "audit"
-  on   = "Bogus"
-  op   = "sql"
-  sql  = "INSERT INTO nosuch_audit (id) VALUES ($1)"
-  args = ["id"]
-
-  [[projection.rule]]
-  name    = "bogus"`,
+		{name: "sql rule", from: rule{name: "bogus"}.String(),
+			to: rule{name: "audit", on: "Bogus", op: "sql", sql: "INSERT INTO nosuch_audit (id) VALUES ($1)", args: `["id"]`}.String() +
+				rule{name: "bogus"}.String(),
 			want: []string{`balances v1 rule "audit": sql: relation "nosuch_audit" does not exist (42P01)`}},
 	}
 	for _, tt := range tests {
@@ -898,8 +742,12 @@ func TestCLICheck(t *testing.T) {
 
 	t.Run("privileges", func(t *testing.T) {
 		e := e.with(t)
-		role := e.prefix + "_app"
-		e.exec(fmt.Sprintf(`CREATE ROLE %s LOGIN`, role))
+		// The role logs in with a password: host connections to the test
+		// image (like the official one) authenticate with scram-sha-256, and
+		// a role without a password cannot pass SASL (28P01). Local mode
+		// trusts every connection, so the password is simply not asked.
+		role, password := e.prefix+"_app", uniqueID("pw")
+		e.exec(fmt.Sprintf(`CREATE ROLE %s LOGIN PASSWORD '%s'`, role, password))
 		t.Cleanup(func() {
 			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 			defer cancel()
@@ -914,13 +762,13 @@ REVOKE UPDATE ON pgscribe.leases FROM %[1]s`, role))
 		if err != nil {
 			t.Fatal(err)
 		}
-		u.User = url.User(role)
+		u.User = url.UserPassword(role, password)
 		dsn := u.String()
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
 		conn, err := pgx.Connect(ctx, dsn)
 		if err != nil {
-			t.Skipf("cannot connect as a new role on this server (authentication): %v", err)
+			t.Fatalf("connect as %s: %v", role, err)
 		}
 		conn.Close(ctx)
 		body, _ := os.ReadFile(cfg)
@@ -950,12 +798,8 @@ REVOKE UPDATE ON pgscribe.leases FROM %[1]s`, role))
 // it exactly.
 func TestCLIReset(t *testing.T) {
 	t.Parallel()
-	e := newCLIEnv(t)
-	cfg := e.config("reset", "", "", cliBalances)
-	e.setup(cfg)
 	const accounts = 5
-	e.openAccounts(accounts)
-	e.moves(accounts, 1, 15)
+	e, cfg := newCLIAccounts(t, "reset", cliBalances, accounts, 15)
 	p := e.start(cfg)
 	e.waitAccounted(p, "balances", 1)
 	p.stop()
@@ -1066,11 +910,7 @@ func TestCLIReset(t *testing.T) {
 // engine holds the projection's lock, and works once it stopped.
 func TestCLIResetRefusesWhileActive(t *testing.T) {
 	t.Parallel()
-	e := newCLIEnv(t)
-	cfg := e.config("active", "", "", cliBalances)
-	e.setup(cfg)
-	e.openAccounts(2)
-	e.moves(2, 1, 3)
+	e, cfg := newCLIAccounts(t, "active", cliBalances, 2, 3)
 	p := e.start(cfg)
 	e.waitAccounted(p, "balances", 1)
 	waitFor(t, time.Minute, "status live", func() bool { return e.status(cfg).Projections[0].State == "live" })

@@ -9,7 +9,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"math/rand/v2"
 	"reflect"
 	"strings"
 	"testing"
@@ -31,9 +30,9 @@ func TestBackfillThenLive(t *testing.T) {
 	r.waitUntil(time.Minute, "writers to append", func(context.Context) (bool, error) { return a.events.Load() > 200, nil })
 
 	s := r.start()
-	s.waitLogCount(time.Minute, `msg="backfill started"`, 2)
+	r.waitLog(s, time.Minute, `msg="backfill started"`, 2)
 	atStart := a.events.Load()
-	s.waitLogCount(3*time.Minute, `msg="backfill complete"`, 2)
+	r.waitLog(s, 3*time.Minute, `msg="backfill complete"`, 2)
 	atLive := a.events.Load()
 	if atLive <= atStart {
 		t.Errorf("no event appended while backfilling (%d before, %d after)", atStart, atLive)
@@ -84,7 +83,7 @@ func TestTwoProjectionsExact(t *testing.T) {
 	a.start(4, seed)
 
 	s := r.start()
-	s.waitLog(time.Minute, `msg="backfill complete" projection=balances`)
+	r.waitLog(s, time.Minute, `msg="backfill complete" projection=balances`, 1)
 	mark := a.events.Load()
 	r.waitUntil(time.Minute, "writers to append while balances is live", func(context.Context) (bool, error) {
 		return a.events.Load() > mark+1000, nil
@@ -93,8 +92,8 @@ func TestTwoProjectionsExact(t *testing.T) {
 
 	r.setProjections(bal, stats)
 	s = r.start()
-	s.waitLog(time.Minute, `msg="resuming from slot" projection=balances`)
-	s.waitLog(time.Minute, `msg="backfill complete" projection=stream_stats`)
+	r.waitLog(s, time.Minute, `msg="resuming from slot" projection=balances`, 1)
+	r.waitLog(s, time.Minute, `msg="backfill complete" projection=stream_stats`, 1)
 	mark = a.events.Load()
 	r.waitUntil(time.Minute, "writers to append while both are live", func(context.Context) (bool, error) {
 		return a.events.Load() > mark+1000, nil
@@ -421,28 +420,17 @@ func TestSlotNeverConfirmedAhead(t *testing.T) {
 // starts from the previous slot's position: a stop there must not mark the
 // projection live.
 func TestGracefulStopUnderLoad(t *testing.T) {
-	bal, act := balancesProjection(), activityProjection()
-	r := newRig(t, []coreProjection{bal, act}, nil)
-	seed := seedFromEnv(t)
-	rng := rand.New(rand.NewPCG(seed, 1))
-	r.seed(600, 50)
-	a := newAppender(r, 800, 2*time.Millisecond)
+	bal := balancesProjection()
+	r, a, seed, rng := newLoadRig(t, 600, 50, 200, 2*time.Millisecond, 1)
 	a.start(4, seed)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 
 	const shutdownTimeout = 30 * time.Second // rigEngineDefaults
-	backfillProgress := func(s *scribe) {
+	backfillProgress := func(s *node) {
 		t.Helper()
-		s.waitLog(time.Minute, `msg="backfill started" projection=balances`)
-		before, err := r.accounted(ctx, bal)
-		if err != nil {
-			t.Fatal(err)
-		}
-		r.waitUntil(time.Minute, "the backfill to apply something", func(ctx context.Context) (bool, error) {
-			n, err := r.accounted(ctx, bal)
-			return n > before, err
-		})
+		r.waitLog(s, time.Minute, `msg="backfill started" projection=balances`, 1)
+		r.waitApplied(ctx, bal, time.Minute, 0, "the backfill to apply something")
 	}
 	s := r.start()
 	backfillProgress(s)

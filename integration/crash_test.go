@@ -8,7 +8,6 @@ package integration
 import (
 	"context"
 	"fmt"
-	"math/rand/v2"
 	"testing"
 	"time"
 )
@@ -31,11 +30,7 @@ func TestKillDuringBackfillAndLive(t *testing.T) {
 		perStream     = 50
 	)
 	bal, act := balancesProjection(), activityProjection()
-	r := newRig(t, []coreProjection{bal, act}, nil)
-	seed := seedFromEnv(t)
-	rng := rand.New(rand.NewPCG(seed, 0))
-	r.seed(streams, perStream)
-	a := newAppender(r, streams+200, 4*time.Millisecond)
+	r, a, seed, rng := newLoadRig(t, streams, perStream, 200, 4*time.Millisecond, 0)
 	a.start(4, seed)
 
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
@@ -43,7 +38,15 @@ func TestKillDuringBackfillAndLive(t *testing.T) {
 	kills := 0
 	for i := range backfillKills {
 		s := r.start()
-		s.waitLog(2*time.Minute, `msg="backfill started" projection=balances`)
+		r.waitLog(s, 2*time.Minute, `msg="backfill started" projection=balances`, 1)
+		// The log line comes before the watermark row that records the
+		// phase is committed: a kill in between would find no phase at
+		// all. Wait for the row, so that every kill hits a backfill that
+		// is durably under way.
+		r.waitUntil(2*time.Minute, "balances to record phase backfilling", func(ctx context.Context) (bool, error) {
+			phase, err := r.phase(ctx, bal)
+			return phase == "backfilling", err
+		})
 		before, err := r.accounted(ctx, bal)
 		if err != nil {
 			t.Fatal(err)
@@ -89,14 +92,7 @@ func TestKillDuringBackfillAndLive(t *testing.T) {
 	for i := range liveKills {
 		s := r.start()
 		r.waitStreaming(s, 3*time.Minute)
-		before, err := r.accounted(ctx, bal)
-		if err != nil {
-			t.Fatal(err)
-		}
-		r.waitUntil(time.Minute, "balances to apply streamed events", func(ctx context.Context) (bool, error) {
-			n, err := r.accounted(ctx, bal)
-			return n > before, err
-		})
+		before := r.waitApplied(ctx, bal, time.Minute, 0, "balances to apply streamed events")
 		// A large source transaction (2000 events over 500 new streams),
 		// applied in many batches over every partition: the kill may fall
 		// while it is partly applied.
@@ -154,15 +150,11 @@ func TestKillDuringBackfillAndLive(t *testing.T) {
 // deduplicating by cursor. Both projections end exact.
 func TestPostgresCrashUnderLoad(t *testing.T) {
 	requireServer(t)
-	if !srv.CanRestart() {
-		t.Skipf("the %s server cannot be restarted", srv.Mode())
+	if !srv().CanRestart() {
+		t.Skipf("the %s server cannot be restarted", srv().Mode())
 	}
 	bal, act := balancesProjection(), activityProjection()
-	r := newRig(t, []coreProjection{bal, act}, nil)
-	seed := seedFromEnv(t)
-	rng := rand.New(rand.NewPCG(seed, 2))
-	r.seed(300, 10)
-	a := newAppender(r, 400, 2*time.Millisecond)
+	r, a, seed, rng := newLoadRig(t, 300, 10, 100, 2*time.Millisecond, 2)
 	a.tolerateOutages = true
 	a.start(4, seed)
 	s := r.start()
@@ -180,17 +172,10 @@ func TestPostgresCrashUnderLoad(t *testing.T) {
 			}
 			return true, nil
 		})
-		before, err := r.accounted(ctx, bal)
-		if err != nil {
-			t.Fatal(err)
-		}
-		r.waitUntil(time.Minute, "balances to apply streamed events", func(ctx context.Context) (bool, error) {
-			n, err := r.accounted(ctx, bal)
-			return n > before+500, err
-		})
+		r.waitApplied(ctx, bal, time.Minute, 500, "balances to apply streamed events")
 		time.Sleep(time.Duration(rng.IntN(1000)) * time.Millisecond) // the random crash moment, not synchronisation
 		outages := a.outages.Load()
-		if err := srv.Restart(ctx, true); err != nil {
+		if err := srv().Restart(ctx, true); err != nil {
 			t.Fatalf("crash PostgreSQL: %v", err)
 		}
 		r.pool.Reset() // its connections died with the server

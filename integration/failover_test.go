@@ -20,18 +20,12 @@ package integration
 //     takeover's epoch bump was seen.
 
 import (
-	"bufio"
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
 	mrand "math/rand/v2"
-	"net/http"
 	"net/url"
-	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -92,15 +86,13 @@ func newFailoverCluster(t *testing.T, projections ...string) *foCluster {
 	bin := pgscribeBinary(t)
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
-	c := &foCluster{t: t, ctx: ctx, dsn: dsn, bin: bin, dir: t.TempDir(), id: "fo" + foRandomHex(4), projections: projections}
+	c := &foCluster{t: t, ctx: ctx, dsn: dsn, bin: bin, dir: t.TempDir(), id: uniqueID("fo"), projections: projections}
 	c.group = c.id + "_grp"
 
 	// The schema, as an operator would create it: `pgscribe migrate` with
 	// the owner's credentials.
 	cfg := c.writeConfig("migrate", dsn, foOptions{})
-	if out, err := exec.CommandContext(ctx, bin, "migrate", "-events-table", "-config", cfg).CombinedOutput(); err != nil {
-		t.Fatalf("pgscribe migrate: %v\n%s", err, out)
-	}
+	migrate(t, cfg)
 	pool, err := pgxpool.New(ctx, dsn)
 	if err != nil {
 		t.Fatal(err)
@@ -171,7 +163,7 @@ func (c *foCluster) dropRoles() {
 // different roles.
 func (c *foCluster) role(node string) (name, password string) {
 	c.t.Helper()
-	name, password = c.id+"_"+node, foRandomHex(12)
+	name, password = c.id+"_"+node, uniqueID("pw")
 	c.exec(fmt.Sprintf(`CREATE ROLE %s LOGIN REPLICATION PASSWORD '%s' IN ROLE %s, pg_signal_backend`, name, password, c.group))
 	c.mu.Lock()
 	c.roles = append(c.roles, name)
@@ -187,77 +179,27 @@ func (c *foCluster) writeConfig(node, dsn string, o foOptions) string {
 	if shutdown == 0 {
 		shutdown = 10 * time.Second
 	}
-	var b strings.Builder
-	fmt.Fprintf(&b, `[database]
-url = %q
-
-[source]
-slot_prefix = %q
-
-[engine]
-node                   = %q
-parallelism            = 2
-batch_size             = 50
-batch_timeout          = "10ms"
-standby_poll           = %q
-lease_timeout          = %q
-lag_interval           = "200ms"
-status_interval        = "1s"
-shutdown_timeout       = %q
-max_active_projections = %d
-
-[retry]
-backoff     = "50ms"
-max_backoff = "500ms"
-
-[metrics]
-listen = "127.0.0.1:0"
-
-[log]
-format = "json"
-`, dsn, c.id, node, foStandbyPoll, foLeaseTimeout, shutdown, o.maxActive)
+	cfg := newConfig(dsn, c.id).with("engine", map[string]string{
+		"node": fmt.Sprintf("%q", node), "parallelism": "2", "batch_size": "50", "batch_timeout": `"10ms"`,
+		"standby_poll": fmt.Sprintf("%q", foStandbyPoll), "lease_timeout": fmt.Sprintf("%q", foLeaseTimeout),
+		"lag_interval": `"200ms"`, "status_interval": `"1s"`, "shutdown_timeout": fmt.Sprintf("%q", shutdown),
+		"max_active_projections": fmt.Sprint(o.maxActive),
+	}).with("retry", map[string]string{"backoff": `"50ms"`, "max_backoff": `"500ms"`})
 	for _, p := range c.projections {
-		fmt.Fprintf(&b, `
-[[projection]]
-name    = %[1]q
-version = 1
-
-  [[projection.rule]]
-  name  = "entry"
-  on    = "Deposited"
-  op    = "insert"
-  table = "%[1]s_entries"
-  set   = { event_id = "id", account = "stream_id", amount = "data.amount" }
-
-  [[projection.rule]]
-  name  = "balance"
-  on    = "Deposited"
-  op    = "upsert"
-  table = "%[1]s_balances"
-  key   = { account = "stream_id" }
-  inc   = { balance = "data.amount", events = "1" }
-`, p)
+		cfg.add(projectionTOML(p, 1, "",
+			rule{name: "entry", on: "Deposited", op: "insert", table: p + "_entries",
+				set: `event_id = "id", account = "stream_id", amount = "data.amount"`},
+			rule{name: "balance", on: "Deposited", op: "upsert", table: p + "_balances",
+				key: `account = "stream_id"`, inc: `balance = "data.amount", events = "1"`}))
 	}
-	path := filepath.Join(c.dir, node+".toml")
-	if err := os.WriteFile(path, []byte(b.String()), 0o600); err != nil {
-		c.t.Fatal(err)
-	}
-	return path
+	return cfg.write(c.t, filepath.Join(c.dir, node+".toml"))
 }
 
-// foNode is one pgscribe process (restartable).
+// foNode is one pgscribe process (restartable), connecting as its role.
 type foNode struct {
-	c       *foCluster
-	name    string
-	role    string
-	cfgPath string
-
-	mu      sync.Mutex
-	cmd     *exec.Cmd
-	exited  chan struct{}
-	exitErr error
-	lines   []map[string]any // every JSON log line, all runs
-	metrics string           // listener address of the current run
+	*node
+	c    *foCluster
+	role string
 }
 
 // node prepares (does not start) a node with its own role and config.
@@ -275,163 +217,11 @@ func (c *foCluster) node(name string, o foOptions) *foNode {
 			c.t.Fatal(err)
 		}
 	}
-	n := &foNode{c: c, name: name, role: role, cfgPath: c.writeConfig(name, dsn, o)}
+	n := &foNode{node: newNode(c.t, name, c.writeConfig(name, dsn, o)), c: c, role: role}
 	c.mu.Lock()
 	c.nodes = append(c.nodes, n)
 	c.mu.Unlock()
-	c.t.Cleanup(n.cleanup)
 	return n
-}
-
-// start runs the node and waits for its metrics listener.
-func (n *foNode) start() {
-	t := n.c.t
-	t.Helper()
-	logFile, err := os.OpenFile(filepath.Join(n.c.dir, n.name+".log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cmd := exec.Command(n.c.bin, "run", "-config", n.cfgPath)
-	cmd.Env = append(os.Environ(),
-		"PGSCRIBE_DATABASE_URL=",   // the config says where
-		"GORACE=atexit_sleep_ms=0", // the race detector's default 1 s pause at exit would blur stop times
-	)
-	stderr, err := cmd.StderrPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatalf("start %s: %v", n.name, err)
-	}
-	exited := make(chan struct{})
-	n.mu.Lock()
-	n.cmd, n.exited, n.exitErr, n.metrics = cmd, exited, nil, ""
-	n.mu.Unlock()
-	go func() {
-		sc := bufio.NewScanner(stderr)
-		sc.Buffer(make([]byte, 64<<10), 1<<20)
-		for sc.Scan() {
-			line := sc.Bytes()
-			fmt.Fprintf(logFile, "%s\n", line)
-			var m map[string]any
-			if json.Unmarshal(line, &m) != nil {
-				m = map[string]any{"msg": string(line)}
-			}
-			n.mu.Lock()
-			n.lines = append(n.lines, m)
-			if m["msg"] == "metrics listening" {
-				n.metrics, _ = m["addr"].(string)
-			}
-			n.mu.Unlock()
-		}
-		err := cmd.Wait()
-		logFile.Close()
-		n.mu.Lock()
-		n.exitErr = err
-		n.mu.Unlock()
-		close(exited)
-	}()
-	waitFor(t, 60*time.Second, n.name+" to listen for metrics", func() bool {
-		n.mu.Lock()
-		defer n.mu.Unlock()
-		select {
-		case <-exited:
-			t.Fatalf("%s exited at start-up: %v\n%s", n.name, n.exitErr, n.tail(20))
-		default:
-		}
-		return n.metrics != ""
-	})
-}
-
-// tail returns the last k log lines; n.mu must be held.
-func (n *foNode) tail(k int) string {
-	var b strings.Builder
-	for _, m := range n.lines[max(0, len(n.lines)-k):] {
-		j, _ := json.Marshal(m)
-		fmt.Fprintf(&b, "  %s: %s\n", n.name, j)
-	}
-	return b.String()
-}
-
-func (n *foNode) pid() int {
-	n.mu.Lock()
-	defer n.mu.Unlock()
-	return n.cmd.Process.Pid
-}
-
-func (n *foNode) signal(sig syscall.Signal) {
-	n.c.t.Helper()
-	if err := syscall.Kill(n.pid(), sig); err != nil {
-		n.c.t.Fatalf("signal %s to %s: %v", sig, n.name, err)
-	}
-}
-
-// wait waits for the current run to exit and returns its exit code.
-func (n *foNode) wait(timeout time.Duration) int {
-	n.c.t.Helper()
-	n.mu.Lock()
-	exited := n.exited
-	n.mu.Unlock()
-	select {
-	case <-exited:
-	case <-time.After(timeout):
-		n.c.t.Fatalf("%s still running %s after being told to stop", n.name, timeout)
-	}
-	n.mu.Lock()
-	defer n.mu.Unlock()
-	var ee *exec.ExitError
-	if errors.As(n.exitErr, &ee) {
-		return ee.ExitCode()
-	}
-	if n.exitErr != nil {
-		n.c.t.Fatalf("%s: %v", n.name, n.exitErr)
-	}
-	return 0
-}
-
-// cleanup kills a node still running and, if the test failed, shows the
-// end of its log.
-func (n *foNode) cleanup() {
-	n.mu.Lock()
-	cmd, exited := n.cmd, n.exited
-	n.mu.Unlock()
-	if cmd != nil {
-		select {
-		case <-exited:
-		default:
-			_ = syscall.Kill(cmd.Process.Pid, syscall.SIGCONT)
-			_ = cmd.Process.Kill()
-			<-exited
-		}
-	}
-	if n.c.t.Failed() {
-		n.mu.Lock()
-		n.c.t.Logf("last log lines of %s (full log in %s):\n%s", n.name, filepath.Join(n.c.dir, n.name+".log"), n.tail(30))
-		n.mu.Unlock()
-	}
-}
-
-// logged reports whether the node logged a line whose msg contains msg.
-func (n *foNode) logged(msg string) bool { return n.loggedAfter(0, msg) }
-
-// mark returns the number of log lines so far, for loggedAfter.
-func (n *foNode) mark() int {
-	n.mu.Lock()
-	defer n.mu.Unlock()
-	return len(n.lines)
-}
-
-// loggedAfter reports whether a log line after mark has a msg containing
-// msg.
-func (n *foNode) loggedAfter(mark int, msg string) bool {
-	n.mu.Lock()
-	defer n.mu.Unlock()
-	for _, m := range n.lines[mark:] {
-		if s, _ := m["msg"].(string); strings.Contains(s, msg) {
-			return true
-		}
-	}
-	return false
 }
 
 // foHealth is one projection in the /readyz and /healthz detail.
@@ -443,21 +233,15 @@ type foHealth struct {
 	Error      string `json:"error"`
 }
 
-var foHTTP = &http.Client{Timeout: 2 * time.Second}
-
 // probe GETs /healthz or /readyz; code 0 when the node does not answer.
 func (n *foNode) probe(path string) (int, []foHealth) {
-	n.mu.Lock()
-	addr := n.metrics
-	n.mu.Unlock()
-	resp, err := foHTTP.Get("http://" + addr + path)
+	code, body, err := n.tryGet(path)
 	if err != nil {
 		return 0, nil
 	}
-	defer resp.Body.Close()
 	var hs []foHealth
-	_ = json.NewDecoder(resp.Body).Decode(&hs)
-	return resp.StatusCode, hs
+	_ = json.Unmarshal([]byte(body), &hs)
+	return code, hs
 }
 
 // state is the node's state for projection, "" when it does not answer.
@@ -472,8 +256,8 @@ func (n *foNode) state(projection string) string {
 }
 
 func (n *foNode) waitState(projection, state string, timeout time.Duration) {
-	n.c.t.Helper()
-	waitFor(n.c.t, timeout, fmt.Sprintf("%s to be %s for %s", n.name, state, projection), func() bool {
+	n.t.Helper()
+	waitFor(n.t, timeout, fmt.Sprintf("%s to be %s for %s", n.name, state, projection), func() bool {
 		return n.state(projection) == state
 	})
 }
@@ -749,12 +533,6 @@ func (w *foWriter) waitWritten(t *testing.T, k int64) {
 	waitFor(t, 30*time.Second, fmt.Sprintf("%d more events", k), func() bool { return w.n.Load() >= target })
 }
 
-func foRandomHex(n int) string {
-	b := make([]byte, n)
-	_, _ = rand.Read(b)
-	return hex.EncodeToString(b)
-}
-
 func foSince(t0, t1 time.Time) time.Duration { return t1.Sub(t0).Round(time.Millisecond) }
 
 // startPair starts a (active) then b (standby) for projection.
@@ -883,7 +661,7 @@ func TestFailoverNetworkFaults(t *testing.T) {
 	const p = "netfault"
 	c := newFailoverCluster(t, p)
 	proxy := func() *pgtest.Proxy {
-		pr, err := pgtest.NewProxy(srv.HostPort())
+		pr, err := pgtest.NewProxy(srv().HostPort())
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -6,32 +6,19 @@ package integration
 // end every fault test — exact read model, dead letters, conservation.
 
 import (
-	"bufio"
-	"bytes"
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"encoding/json"
 	"fmt"
-	"io"
 	"net/http"
-	"os"
-	"os/exec"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
-
-// waitLong bounds every wait for the engine (catch-up, a halt, a log line):
-// generous for a loaded 2-core machine, never reached when things work.
-const waitLong = 90 * time.Second
 
 // faultProjection is a projection of the shape most fault tests use. For
 // every event of its types it appends stream_position to the stream's trail
@@ -42,7 +29,7 @@ type faultProjection struct {
 	name    string
 	onError string   // "" = dead_letter
 	types   []string // event types its rules match
-	extra   string   // more [[projection.rule]] entries
+	extra   []rule   // more rules
 }
 
 // ddl creates the projection's read model.
@@ -64,27 +51,13 @@ func (p faultProjection) toml() string {
 	if onError == "" {
 		onError = "dead_letter"
 	}
-	on, _ := json.Marshal(p.types)
-	return fmt.Sprintf(`
-[[projection]]
-name     = %[1]q
-version  = 1
-on_error = %[2]q
-
-  [[projection.rule]]
-  name = "trail"
-  on   = %[3]s
-  op   = "sql"
-  sql  = "INSERT INTO %[1]s_trail AS t (stream_id, positions) VALUES ($1, ARRAY[$2::bigint]) ON CONFLICT (stream_id) DO UPDATE SET positions = t.positions || EXCLUDED.positions"
-  args = ["stream_id", "stream_position"]
-
-  [[projection.rule]]
-  name  = "row"
-  on    = %[3]s
-  op    = "insert"
-  table = "%[1]s_rows"
-  set   = { event_id = "id", stream_id = "stream_id", stream_position = "stream_position", v = "data.v" }
-%[4]s`, p.name, onError, on, p.extra)
+	on := strings.Join(p.types, ",")
+	return projectionTOML(p.name, 1, onError, append([]rule{
+		{name: "trail", on: on, op: "sql", args: `["stream_id", "stream_position"]`,
+			sql: "INSERT INTO " + p.name + "_trail AS t (stream_id, positions) VALUES ($1, ARRAY[$2::bigint]) ON CONFLICT (stream_id) DO UPDATE SET positions = t.positions || EXCLUDED.positions"},
+		{name: "row", on: on, op: "insert", table: p.name + "_rows",
+			set: `event_id = "id", stream_id = "stream_id", stream_position = "stream_position", v = "data.v"`},
+	}, p.extra...)...)
 }
 
 // check compares the projection's read model with what the events table
@@ -97,10 +70,10 @@ func (p faultProjection) check(t *testing.T, e *faultEnv) {
 	if e.scalar(t, `SELECT count(*) FROM events WHERE `+keep, p.types) == 0 {
 		t.Fatalf("%s: no event must reach the read model; the check would prove nothing", p.name)
 	}
-	e.sameRows(t, p.name+"_rows",
+	sameRows(t, e.pool, p.name+"_rows",
 		`SELECT event_id::text, stream_id, stream_position, v FROM `+p.name+`_rows`,
 		`SELECT id::text, stream_id, stream_position, (data->>'v')::bigint FROM events WHERE `+keep, p.types)
-	e.sameRows(t, p.name+"_trail",
+	sameRows(t, e.pool, p.name+"_trail",
 		`SELECT stream_id, positions FROM `+p.name+`_trail`,
 		`SELECT stream_id, array_agg(stream_position ORDER BY stream_position) FROM events WHERE `+keep+` GROUP BY stream_id`,
 		p.types)
@@ -131,20 +104,11 @@ func newFaultEnv(t *testing.T, retryAttempts int, projs ...faultProjection) *fau
 		t.Fatalf("pool: %v", err)
 	}
 	t.Cleanup(pool.Close)
-	var b [4]byte
-	_, _ = rand.Read(b[:])
-	e := &faultEnv{dsn: dsn, dir: t.TempDir(), slotPrefix: "flt_" + hex.EncodeToString(b[:]), pool: pool,
-		next: map[string]int64{}}
+	e := &faultEnv{dsn: dsn, dir: t.TempDir(), slotPrefix: uniqueID("flt_"), pool: pool, next: map[string]int64{}}
 	e.config = filepath.Join(e.dir, "pgscribe.toml")
 	e.writeConfig(t, retryAttempts, projs...)
 
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	cmd := exec.CommandContext(ctx, pgscribeBinary(t), "migrate", "-config", e.config, "-events-table")
-	cmd.Env = append(os.Environ(), "PGSCRIBE_DATABASE_URL="+dsn)
-	if out, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("pgscribe migrate: %v\n%s", err, out)
-	}
+	migrate(t, e.config)
 	for _, p := range projs {
 		e.exec(t, p.ddl())
 	}
@@ -154,7 +118,7 @@ func newFaultEnv(t *testing.T, retryAttempts int, projs ...faultProjection) *fau
 // startFault is the start of most fault tests: a fresh environment for
 // projs with the extra read-model ddl (if any), the backlog appended, the
 // engine started and every projection caught up (by its backfill).
-func startFault(t *testing.T, retryAttempts int, ddl string, backlog []faultEvent, projs ...faultProjection) (*faultEnv, *faultProc) {
+func startFault(t *testing.T, retryAttempts int, ddl string, backlog []faultEvent, projs ...faultProjection) (*faultEnv, *node) {
 	t.Helper()
 	e := newFaultEnv(t, retryAttempts, projs...)
 	if ddl != "" {
@@ -163,7 +127,7 @@ func startFault(t *testing.T, retryAttempts int, ddl string, backlog []faultEven
 	e.appendEvents(t, backlog...)
 	p := e.start(t)
 	for _, pr := range projs {
-		e.waitAccounted(t, p, pr.name, waitLong)
+		waitAccounted(t, e.pool, waitLong, pr.name, 1, p.broken)
 	}
 	return e, p
 }
@@ -172,42 +136,20 @@ func startFault(t *testing.T, retryAttempts int, ddl string, backlog []faultEven
 // intervals so that faults show quickly, metrics on a free port, JSON logs.
 func (e *faultEnv) writeConfig(t *testing.T, retryAttempts int, projs ...faultProjection) {
 	t.Helper()
-	var b strings.Builder
-	fmt.Fprintf(&b, `[source]
-slot_prefix = %q
-
-[engine]
-parallelism         = 2
-batch_size          = 100
-backfill_batch_size = 400
-lag_interval        = "200ms"
-status_interval     = "1s"
-standby_poll        = "200ms"
-lease_timeout       = "10s"
-shutdown_timeout    = "20s"
-
-[retry]
-max_attempts = %d
-backoff      = "20ms"
-max_backoff  = "200ms"
-
-[metrics]
-listen = "127.0.0.1:0"
-
-[log]
-level  = "info"
-format = "json"
-`, e.slotPrefix, retryAttempts)
+	c := newConfig(e.dsn, e.slotPrefix).with("engine", map[string]string{
+		"parallelism": "2", "batch_size": "100", "backfill_batch_size": "400", "lag_interval": `"200ms"`,
+		"status_interval": `"1s"`, "standby_poll": `"200ms"`, "lease_timeout": `"10s"`, "shutdown_timeout": `"20s"`,
+	}).with("retry", map[string]string{
+		"max_attempts": fmt.Sprint(retryAttempts), "backoff": `"20ms"`, "max_backoff": `"200ms"`,
+	}).set("log", "level", `"info"`)
 	for _, p := range projs {
-		b.WriteString(p.toml())
+		c.add(p.toml())
 	}
-	if err := os.WriteFile(e.config, []byte(b.String()), 0o600); err != nil {
-		t.Fatal(err)
-	}
+	c.write(t, e.config)
 }
 
 // slot is the replication slot of projection version 1.
-func (e *faultEnv) slot(projection string) string { return e.slotPrefix + "_" + projection + "_v1" }
+func (e *faultEnv) slot(projection string) string { return slotName(e.slotPrefix, projection, 1) }
 
 func (e *faultEnv) exec(t *testing.T, sql string, args ...any) {
 	t.Helper()
@@ -219,11 +161,7 @@ func (e *faultEnv) exec(t *testing.T, sql string, args ...any) {
 // scalar runs a one-value query.
 func (e *faultEnv) scalar(t *testing.T, sql string, args ...any) int64 {
 	t.Helper()
-	var n int64
-	if err := e.pool.QueryRow(context.Background(), sql, args...).Scan(&n); err != nil {
-		t.Fatalf("%s: %v", sql, err)
-	}
-	return n
+	return scalar[int64](t, e.pool, sql, args...)
 }
 
 // faultEvent is an event to append. expect, when set, is the error_kind it
@@ -281,76 +219,12 @@ SELECT * FROM unnest($1::text[], $2::bigint[], $3::text[], $4::jsonb[], $5::json
 // accounted is how many events the projection's cursors account for.
 func (e *faultEnv) accounted(t *testing.T, projection string) int64 {
 	t.Helper()
-	return e.scalar(t, `SELECT coalesce(sum(applied + skipped + dead_lettered), 0)::bigint
-FROM pgscribe.cursors WHERE projection = $1 AND version = 1`, projection)
+	return e.scalar(t, accountedSQL, projection, 1)
 }
 
 func (e *faultEnv) events(t *testing.T) int64 {
 	t.Helper()
 	return e.scalar(t, `SELECT count(*) FROM events`)
-}
-
-// waitAccounted waits until the projection accounts for every event.
-func (e *faultEnv) waitAccounted(t *testing.T, p *faultProc, projection string, timeout time.Duration) {
-	t.Helper()
-	var got, want int64
-	deadline := time.Now().Add(timeout)
-	for {
-		got, want = e.accounted(t, projection), e.events(t)
-		if got == want {
-			return
-		}
-		if got > want {
-			t.Fatalf("projection %s accounts for %d events, the table has %d", projection, got, want)
-		}
-		if p != nil && p.exited() {
-			t.Fatalf("pgscribe exited while %s had accounted for %d of %d events: %v", projection, got, want, p.exitErr())
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %s: projection %s accounts for %d of %d events", timeout, projection, got, want)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-}
-
-// sameRows checks that the got and want queries return the same multiset
-// of rows; args bind in both.
-func (e *faultEnv) sameRows(t *testing.T, what, got, want string, args ...any) {
-	t.Helper()
-	var missing, extra []string
-	sql := `WITH got AS (` + got + `), want AS (` + want + `)
-SELECT 'missing', w::text FROM (SELECT * FROM want EXCEPT ALL SELECT * FROM got) w
-UNION ALL
-SELECT 'extra', g::text FROM (SELECT * FROM got EXCEPT ALL SELECT * FROM want) g`
-	rows, err := e.pool.Query(context.Background(), sql, args...)
-	if err != nil {
-		t.Fatalf("compare %s: %v", what, err)
-	}
-	for rows.Next() {
-		var side, row string
-		if err := rows.Scan(&side, &row); err != nil {
-			t.Fatal(err)
-		}
-		if side == "missing" {
-			missing = append(missing, row)
-		} else {
-			extra = append(extra, row)
-		}
-	}
-	if err := rows.Err(); err != nil {
-		t.Fatalf("compare %s: %v", what, err)
-	}
-	if len(missing)+len(extra) > 0 {
-		t.Errorf("%s differs from the events table: %d rows missing %s, %d rows extra %s",
-			what, len(missing), firstFew(missing), len(extra), firstFew(extra))
-	}
-}
-
-func firstFew(rows []string) string {
-	if len(rows) > 5 {
-		return fmt.Sprint(rows[:5], " …")
-	}
-	return fmt.Sprint(rows)
 }
 
 // checkAccounting ends every fault test: conservation (events == applied +
@@ -378,7 +252,7 @@ WHERE d.projection = $1 AND d.version = 1 AND (e.id IS NULL OR d.position <> e.p
 	if unfaithful > 0 {
 		t.Errorf("%d dead-letter rows of %s do not match their event (or have no message)", unfaithful, projection)
 	}
-	e.sameRows(t, projection+" dead letters",
+	sameRows(t, e.pool, projection+" dead letters",
 		`SELECT event_id, error_kind FROM pgscribe.dead_letters WHERE projection = $1 AND version = 1`,
 		`SELECT id::text, metadata->>'expect' FROM events WHERE metadata->>'expect' IS NOT NULL`, projection)
 }
@@ -398,16 +272,16 @@ FROM pgscribe.dead_letters WHERE projection = $1`, projection).Scan(&kinds)
 // verifyClean ends a test whose workload has no poison: each projection
 // accounts for every event and its read model is exact, conservation
 // holds, nothing is dead-lettered and nothing is halted.
-func (e *faultEnv) verifyClean(t *testing.T, p *faultProc, projs ...faultProjection) {
+func (e *faultEnv) verifyClean(t *testing.T, p *node, projs ...faultProjection) {
 	t.Helper()
 	for _, pr := range projs {
-		e.waitAccounted(t, p, pr.name, waitLong)
+		waitAccounted(t, e.pool, waitLong, pr.name, 1, p.broken)
 	}
 	for _, pr := range projs {
 		pr.check(t, e)
 		e.checkAccounting(t, pr.name)
 		e.checkNoDeadLetters(t, pr.name)
-		if v := p.metric(t, "pgscribe_halted", projLabels(pr.name)); v != 0 {
+		if v := p.metric("pgscribe_halted", projLabels(pr.name)); v != 0 {
 			t.Errorf("pgscribe_halted{projection=%q} = %v, want 0", pr.name, v)
 		}
 	}
@@ -420,271 +294,34 @@ func (e *faultEnv) cursor(t *testing.T, projection, stream string) int64 {
 WHERE projection = $1 AND version = 1 AND stream_id = $2`, projection, stream)
 }
 
-// faultProc is `pgscribe run` as a child process.
-type faultProc struct {
-	t    *testing.T
-	cmd  *exec.Cmd
-	done chan struct{}
-	err  error // Wait's result, set before done closes
-
-	mu      sync.Mutex
-	lines   []string
-	records []map[string]any
-	addr    string
-}
-
 // start runs `pgscribe run` on the environment's configuration and waits
-// for its metrics listener. The process is stopped (SIGKILL if SIGTERM does
-// not do) when the test ends; its log is printed if the test failed.
-func (e *faultEnv) start(t *testing.T) *faultProc {
+// for its metrics listener.
+func (e *faultEnv) start(t *testing.T) *node {
 	t.Helper()
-	cmd := exec.Command(pgscribeBinary(t), "run", "-config", e.config)
-	cmd.Env = append(os.Environ(), "PGSCRIBE_DATABASE_URL="+e.dsn)
-	stderr, err := cmd.StderrPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	cmd.Stdout = io.Discard
-	if err := cmd.Start(); err != nil {
-		t.Fatalf("start pgscribe: %v", err)
-	}
-	p := &faultProc{t: t, cmd: cmd, done: make(chan struct{})}
-	go func() {
-		sc := bufio.NewScanner(stderr)
-		sc.Buffer(make([]byte, 64<<10), 4<<20)
-		for sc.Scan() {
-			p.addLine(sc.Text())
-		}
-		p.err = cmd.Wait()
-		close(p.done)
-	}()
-	t.Cleanup(func() {
-		if !p.exited() {
-			_ = cmd.Process.Signal(syscall.SIGTERM)
-			select {
-			case <-p.done:
-			case <-time.After(30 * time.Second):
-				_ = cmd.Process.Kill()
-				<-p.done
-			}
-		}
-		if t.Failed() {
-			p.mu.Lock()
-			lines := p.lines
-			if len(lines) > 300 {
-				lines = lines[len(lines)-300:]
-			}
-			t.Logf("pgscribe log (pid %d, last %d lines):\n%s", cmd.Process.Pid, len(lines), strings.Join(lines, "\n"))
-			p.mu.Unlock()
-		}
-	})
-	p.waitLog(t, 60*time.Second, "metrics listener", func(r map[string]any) bool { return r["msg"] == "metrics listening" })
-	return p
-}
-
-func (p *faultProc) addLine(line string) {
-	var rec map[string]any
-	if json.Unmarshal([]byte(line), &rec) != nil {
-		rec = map[string]any{"msg": line, "raw": true}
-	}
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	p.lines = append(p.lines, line)
-	p.records = append(p.records, rec)
-	if rec["msg"] == "metrics listening" && p.addr == "" {
-		p.addr, _ = rec["addr"].(string)
-	}
-}
-
-func (p *faultProc) exited() bool {
-	select {
-	case <-p.done:
-		return true
-	default:
-		return false
-	}
-}
-
-func (p *faultProc) exitErr() error {
-	if !p.exited() {
-		return nil
-	}
-	return p.err
-}
-
-// findLog returns the first log record matching match, or nil.
-func (p *faultProc) findLog(match func(map[string]any) bool) map[string]any {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	for _, r := range p.records {
-		if match(r) {
-			return r
-		}
-	}
-	return nil
-}
-
-// countLog counts the log records matching match.
-func (p *faultProc) countLog(match func(map[string]any) bool) int {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	n := 0
-	for _, r := range p.records {
-		if match(r) {
-			n++
-		}
-	}
+	n := newNode(t, "pgscribe", e.config)
+	n.stopTimeout = 40 * time.Second // shutdown_timeout is 20s
+	n.start()
 	return n
-}
-
-// waitLog waits for a log record matching match and returns it.
-func (p *faultProc) waitLog(t *testing.T, timeout time.Duration, what string, match func(map[string]any) bool) map[string]any {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for {
-		if r := p.findLog(match); r != nil {
-			return r
-		}
-		if p.exited() {
-			t.Fatalf("pgscribe exited (%v) before logging %s", p.err, what)
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %s waiting for pgscribe to log %s", timeout, what)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-}
-
-// logMsg matches records by message and, optionally, projection.
-func logMsg(msgPrefix, projection string) func(map[string]any) bool {
-	return func(r map[string]any) bool {
-		m, _ := r["msg"].(string)
-		return strings.HasPrefix(m, msgPrefix) && (projection == "" || r["projection"] == projection)
-	}
-}
-
-// stop sends SIGTERM and requires a clean exit (status 0).
-func (p *faultProc) stop(t *testing.T) {
-	t.Helper()
-	if p.exited() {
-		t.Fatalf("pgscribe had already exited: %v", p.err)
-	}
-	if err := p.cmd.Process.Signal(syscall.SIGTERM); err != nil {
-		t.Fatal(err)
-	}
-	select {
-	case <-p.done:
-	case <-time.After(40 * time.Second):
-		t.Fatal("pgscribe did not exit within 40s of SIGTERM")
-	}
-	if p.err != nil {
-		t.Fatalf("pgscribe exited with %v after SIGTERM, want status 0", p.err)
-	}
-}
-
-func (p *faultProc) get(t *testing.T, path string) (int, string) {
-	t.Helper()
-	p.mu.Lock()
-	addr := p.addr
-	p.mu.Unlock()
-	c := http.Client{Timeout: 5 * time.Second}
-	resp, err := c.Get("http://" + addr + path)
-	if err != nil {
-		t.Fatalf("GET %s: %v", path, err)
-	}
-	defer resp.Body.Close()
-	body, err := io.ReadAll(resp.Body)
-	if err != nil {
-		t.Fatalf("GET %s: %v", path, err)
-	}
-	return resp.StatusCode, string(body)
-}
-
-// metric returns the value of the sample of name whose labels include
-// labels (in Prometheus text format); -1 when there is none.
-func (p *faultProc) metric(t *testing.T, name string, labels map[string]string) float64 {
-	t.Helper()
-	_, body := p.get(t, "/metrics")
-	return metricValue(body, name, labels)
-}
-
-func metricValue(body, name string, labels map[string]string) float64 {
-	sc := bufio.NewScanner(bytes.NewReader([]byte(body)))
-	sc.Buffer(make([]byte, 64<<10), 1<<20)
-	for sc.Scan() {
-		line := sc.Text()
-		if !strings.HasPrefix(line, name) || strings.HasPrefix(line, "#") {
-			continue
-		}
-		rest := line[len(name):]
-		var set string
-		if strings.HasPrefix(rest, "{") {
-			end := strings.Index(rest, "}")
-			if end < 0 {
-				continue
-			}
-			set, rest = rest[1:end], rest[end+1:]
-		}
-		if !strings.HasPrefix(rest, " ") {
-			continue // a longer metric name
-		}
-		ok := true
-		for k, v := range labels {
-			if !strings.Contains(","+set+",", ","+k+"="+strconv.Quote(v)+",") {
-				ok = false
-				break
-			}
-		}
-		if !ok {
-			continue
-		}
-		f, err := strconv.ParseFloat(strings.TrimSpace(rest), 64)
-		if err != nil {
-			continue
-		}
-		return f
-	}
-	return -1
-}
-
-// projLabels are the labels of projection version 1.
-func projLabels(projection string, more ...string) map[string]string {
-	m := map[string]string{"projection": projection, "version": "1"}
-	for i := 0; i+1 < len(more); i += 2 {
-		m[more[i]] = more[i+1]
-	}
-	return m
 }
 
 // waitHalted waits for the projection's halt log record, which must name
 // sqlstate ("" for a halt without one), and checks that the halt is
 // visible: pgscribe_halted 1 and /healthz 503 naming it.
-func (p *faultProc) waitHalted(t *testing.T, projection, sqlstate string) map[string]any {
+func (p *node) waitHalted(projection, sqlstate string) map[string]any {
+	t := p.t
 	t.Helper()
-	rec := p.waitLog(t, waitLong, "the halt of "+projection, logMsg("projection halted", projection))
+	rec := p.waitLog(waitLong, "the halt of "+projection, logMsg("projection halted", projection))
 	if got := logString(rec, "sqlstate"); got != sqlstate {
 		t.Errorf("halt log sqlstate = %q, want %q: %v", got, sqlstate, rec)
 	}
-	if v := p.metric(t, "pgscribe_halted", projLabels(projection)); v != 1 {
+	if v := p.metric("pgscribe_halted", projLabels(projection)); v != 1 {
 		t.Errorf("pgscribe_halted{projection=%q} = %v, want 1", projection, v)
 	}
-	code, body := p.get(t, "/healthz")
+	code, body := p.get("/healthz")
 	if code != http.StatusServiceUnavailable || !strings.Contains(body, `"halted"`) {
 		t.Errorf("/healthz = %d %s, want 503 with the halted projection", code, body)
 	}
 	return rec
-}
-
-// logString is a record's attribute as text ("" when absent).
-func logString(r map[string]any, key string) string {
-	switch v := r[key].(type) {
-	case nil:
-		return ""
-	case string:
-		return v
-	default:
-		return fmt.Sprint(v)
-	}
 }
 
 // terminateBackends ends the backends of the database that match the
@@ -700,27 +337,19 @@ FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_p
 // while a walsender still holds it.
 func (e *faultEnv) dropSlot(t *testing.T, slot string) {
 	t.Helper()
-	ctx := context.Background()
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		_, err := e.pool.Exec(ctx, `SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots
-WHERE slot_name = $1 AND active_pid IS NOT NULL`, slot)
-		if err == nil {
-			var dropped bool
-			err = e.pool.QueryRow(ctx, `SELECT count(pg_drop_replication_slot(slot_name)) = 1
-FROM pg_replication_slots WHERE slot_name = $1`, slot).Scan(&dropped)
-			if err == nil && dropped {
-				return
-			}
-			if err == nil {
-				t.Fatalf("slot %s does not exist", slot)
-			}
+	waitUntil(t, 30*time.Second, "slot "+slot+" to be dropped", func(ctx context.Context) (bool, error) {
+		if _, err := e.pool.Exec(ctx, `SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots
+WHERE slot_name = $1 AND active_pid IS NOT NULL`, slot); err != nil {
+			return false, nil // retried until the deadline
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("drop slot %s: %v", slot, err)
+		var dropped, exists bool
+		err := e.pool.QueryRow(ctx, `SELECT count(pg_drop_replication_slot(slot_name)) = 1, count(*) > 0
+FROM pg_replication_slots WHERE slot_name = $1`, slot).Scan(&dropped, &exists)
+		if err == nil && !exists {
+			t.Fatalf("slot %s does not exist", slot)
 		}
-		time.Sleep(20 * time.Millisecond)
-	}
+		return err == nil && dropped, nil
+	})
 }
 
 // writer appends events in small transactions from a goroutine until

@@ -55,13 +55,13 @@ type poisonCase struct {
 // letter promises: the poison and nothing else is dead-lettered, with its
 // kind, the rest of its batch and later events of its stream apply, in
 // order, each exactly once.
-func runPoison(t *testing.T, c poisonCase) (*faultEnv, *faultProc) {
+func runPoison(t *testing.T, c poisonCase) (*faultEnv, *node) {
 	t.Helper()
 	e, p := startFault(t, 5, c.ddl, c.backlog, c.proj)
 	for _, tx := range c.live {
 		e.appendEvents(t, tx...)
 	}
-	e.waitAccounted(t, p, c.proj.name, waitLong)
+	waitAccounted(t, e.pool, waitLong, c.proj.name, 1, p.broken)
 
 	c.proj.check(t, e)
 	if c.check != nil {
@@ -72,18 +72,18 @@ func runPoison(t *testing.T, c poisonCase) (*faultEnv, *faultProc) {
 	if wantDead == 0 {
 		t.Fatal("the workload has no poison")
 	}
-	if got := p.metric(t, "pgscribe_events_total", projLabels(c.proj.name, "outcome", "dead_lettered")); got != float64(wantDead) {
+	if got := p.metric("pgscribe_events_total", projLabels(c.proj.name, "outcome", "dead_lettered")); got != float64(wantDead) {
 		t.Errorf("pgscribe_events_total{outcome=dead_lettered} = %v, want %d", got, wantDead)
 	}
 	if c.isolated {
-		if got := p.metric(t, "pgscribe_batches_total", projLabels(c.proj.name, "result", "isolated")); got < 1 {
+		if got := p.metric("pgscribe_batches_total", projLabels(c.proj.name, "result", "isolated")); got < 1 {
 			t.Errorf("pgscribe_batches_total{result=isolated} = %v: the poison never went through per-event isolation", got)
 		}
 	}
-	if v := p.metric(t, "pgscribe_halted", projLabels(c.proj.name)); v != 0 {
+	if v := p.metric("pgscribe_halted", projLabels(c.proj.name)); v != 0 {
 		t.Errorf("pgscribe_halted = %v, want 0: poison must not halt", v)
 	}
-	p.stop(t)
+	p.stop()
 	return e, p
 }
 
@@ -100,14 +100,8 @@ func TestFaultUniqueViolation(t *testing.T) {
 	}
 	dup := func(email string) faultEvent { x := reg(email); x.expect = kind; return x }
 	c := poisonCase{
-		proj: faultProjection{name: "uniq", types: []string{"Registered", "Noted"}, extra: `
-  [[projection.rule]]
-  name  = "email"
-  on    = "Registered"
-  op    = "insert"
-  table = "uniq_emails"
-  set   = { email = "data.email", event_id = "id" }
-`},
+		proj: faultProjection{name: "uniq", types: []string{"Registered", "Noted"}, extra: []rule{
+			{name: "email", on: "Registered", op: "insert", table: "uniq_emails", set: `email = "data.email", event_id = "id"`}}},
 		ddl: `CREATE TABLE uniq_emails (email text NOT NULL UNIQUE, event_id uuid PRIMARY KEY)`,
 		backlog: rounds("u", 8, 2, "Noted", map[[2]int]faultEvent{
 			{0, 3}: reg("three@example.com"),
@@ -123,7 +117,7 @@ func TestFaultUniqueViolation(t *testing.T) {
 		},
 		isolated: true,
 		check: func(t *testing.T, e *faultEnv) {
-			e.sameRows(t, "uniq_emails", `SELECT email, event_id::text FROM uniq_emails`,
+			sameRows(t, e.pool, "uniq_emails", `SELECT email, event_id::text FROM uniq_emails`,
 				`SELECT data->>'email', id::text FROM events WHERE type = 'Registered' AND metadata->>'expect' IS NULL`)
 		},
 	}
@@ -140,14 +134,8 @@ func TestFaultNotNullViolation(t *testing.T) {
 	}
 	const kind = "commit:23502 (not_null_violation)"
 	runPoison(t, poisonCase{
-		proj: faultProjection{name: "notnull", types: []string{"Named", "Noted"}, extra: `
-  [[projection.rule]]
-  name = "name"
-  on   = "Named"
-  op   = "sql"
-  sql  = "INSERT INTO notnull_names (event_id, name) VALUES ($1, NULLIF($2, ''))"
-  args = ["id", "data.name"]
-`},
+		proj: faultProjection{name: "notnull", types: []string{"Named", "Noted"}, extra: []rule{{name: "name", on: "Named", op: "sql",
+			sql: "INSERT INTO notnull_names (event_id, name) VALUES ($1, NULLIF($2, ''))", args: `["id", "data.name"]`}}},
 		ddl: `CREATE TABLE notnull_names (event_id uuid PRIMARY KEY, name text NOT NULL)`,
 		backlog: rounds("n", 6, 3, "Noted", map[[2]int]faultEvent{
 			{0, 0}: named("cat", ""),
@@ -161,7 +149,7 @@ func TestFaultNotNullViolation(t *testing.T) {
 		})},
 		isolated: true,
 		check: func(t *testing.T, e *faultEnv) {
-			e.sameRows(t, "notnull_names", `SELECT event_id::text, name FROM notnull_names`,
+			sameRows(t, e.pool, "notnull_names", `SELECT event_id::text, name FROM notnull_names`,
 				`SELECT id::text, data->>'name' FROM events WHERE type = 'Named' AND metadata->>'expect' IS NULL`)
 		},
 	})
@@ -178,15 +166,8 @@ func TestFaultNumericOverflow(t *testing.T) {
 		return faultEvent{typ: "Scored", data: map[string]any{"v": 2, "points": points}, expect: expect}
 	}
 	runPoison(t, poisonCase{
-		proj: faultProjection{name: "overflow", types: []string{"Scored", "Noted"}, extra: `
-  [[projection.rule]]
-  name  = "score"
-  on    = "Scored"
-  op    = "upsert"
-  table = "overflow_scores"
-  key   = { stream_id = "stream_id" }
-  inc   = { points = "data.points" }
-`},
+		proj: faultProjection{name: "overflow", types: []string{"Scored", "Noted"}, extra: []rule{
+			{name: "score", on: "Scored", op: "upsert", table: "overflow_scores", key: `stream_id = "stream_id"`, inc: `points = "data.points"`}}},
 		ddl: `CREATE TABLE overflow_scores (stream_id text PRIMARY KEY, points smallint NOT NULL)`,
 		backlog: rounds("o", 6, 2, "Noted", map[[2]int]faultEvent{
 			{0, 1}: score(3, ""),
@@ -201,7 +182,7 @@ func TestFaultNumericOverflow(t *testing.T) {
 		})},
 		isolated: true,
 		check: func(t *testing.T, e *faultEnv) {
-			e.sameRows(t, "overflow_scores", `SELECT stream_id, points::bigint FROM overflow_scores`,
+			sameRows(t, e.pool, "overflow_scores", `SELECT stream_id, points::bigint FROM overflow_scores`,
 				`SELECT stream_id, sum((data->>'points')::bigint)::bigint FROM events
 WHERE type = 'Scored' AND metadata->>'expect' IS NULL GROUP BY stream_id`)
 		},
@@ -217,14 +198,8 @@ func TestFaultRuleError(t *testing.T) {
 	missing := faultEvent{typ: "Noted", data: map[string]any{"note": "no v"}, expect: "rule:row"}
 	blocked := faultEvent{typ: "Registered", data: map[string]any{"v": 3, "email": "eve@blocked.example"}, expect: "rule:blocked"}
 	e, _ := runPoison(t, poisonCase{
-		proj: faultProjection{name: "rules", types: []string{"Registered", "Noted"}, extra: `
-  [[projection.rule]]
-  name    = "blocked"
-  on      = "Registered"
-  when    = "data.email endsWith '@blocked.example'"
-  op      = "fail"
-  message = "'blocked address: ' + data.email"
-`},
+		proj: faultProjection{name: "rules", types: []string{"Registered", "Noted"}, extra: []rule{{name: "blocked", on: "Registered", when: "data.email endsWith '@blocked.example'", op: "fail",
+			message: "'blocked address: ' + data.email"}}},
 		backlog: rounds("r", 5, 3, "Noted", map[[2]int]faultEvent{{1, 0}: missing}),
 		live: [][]faultEvent{rounds("r", 5, 12, "Noted", map[[2]int]faultEvent{
 			{2, 3}: blocked,
@@ -283,20 +258,20 @@ func TestFaultCircuit(t *testing.T) {
 	// Far more than the circuit threshold (20) per partition, in one
 	// transaction.
 	e.appendEvents(t, rounds("c", 10, 30, "Tick", nil)...)
-	p.waitHalted(t, proj.name, "23514") // check_violation
-	if got := p.metric(t, "pgscribe_batches_total", projLabels(proj.name, "result", "halted")); got < 1 {
+	p.waitHalted(proj.name, "23514") // check_violation
+	if got := p.metric("pgscribe_batches_total", projLabels(proj.name, "result", "halted")); got < 1 {
 		t.Errorf("pgscribe_batches_total{result=halted} = %v, want ≥ 1", got)
 	}
 	e.checkNoDeadLetters(t, proj.name)
 	if got := e.accounted(t, proj.name); got != before {
 		t.Errorf("after the halt %d events are accounted for, want the %d from before the constraint", got, before)
 	}
-	p.stop(t)
+	p.stop()
 
 	e.exec(t, `ALTER TABLE circuit_rows DROP CONSTRAINT circuit_rows_v_negative`)
 	p = e.start(t)
 	e.verifyClean(t, p, proj)
-	p.stop(t)
+	p.stop()
 }
 
 // TestFaultRenamedColumn: renaming a read-model column under a running
@@ -315,7 +290,7 @@ func TestFaultRenamedColumn(t *testing.T) {
 
 	e.exec(t, `ALTER TABLE alpha_rows RENAME COLUMN v TO v_renamed`)
 	e.appendEvents(t, mixed(5)...)
-	rec := p.waitHalted(t, "alpha", "42703") // undefined_column
+	rec := p.waitHalted("alpha", "42703") // undefined_column
 	if !strings.Contains(logString(rec, "table")+" "+logString(rec, "err"), "alpha_rows") {
 		t.Errorf("halt log does not name the table alpha_rows: %v", rec)
 	}
@@ -331,12 +306,12 @@ func TestFaultRenamedColumn(t *testing.T) {
 	// The other projection keeps running: new events reach it.
 	e.appendEvents(t, rounds("b", 3, 6, "B", nil)...)
 	e.verifyClean(t, p, beta)
-	p.stop(t)
+	p.stop()
 
 	e.exec(t, `ALTER TABLE alpha_rows RENAME COLUMN v_renamed TO v`)
 	p = e.start(t)
 	e.verifyClean(t, p, alpha, beta)
-	p.stop(t)
+	p.stop()
 }
 
 // TestFaultTerminatedBackends: the engine's batch connections are killed
@@ -350,7 +325,7 @@ func TestFaultTerminatedBackends(t *testing.T) {
 	// Kill under live load. During the backfill a killed connection ends
 	// the whole session (its watermark and phase writes are not retried):
 	// it restarts after a backoff instead of retrying a batch.
-	p.waitLog(t, waitLong, "the live state", func(r map[string]any) bool {
+	p.waitLog(waitLong, "the live state", func(r map[string]any) bool {
 		return r["msg"] == "state" && r["state"] == "live" && r["projection"] == proj.name
 	})
 
@@ -375,13 +350,13 @@ func TestFaultTerminatedBackends(t *testing.T) {
 	}
 
 	e.verifyClean(t, p, proj)
-	retried := p.metric(t, "pgscribe_batches_total", projLabels(proj.name, "result", "retried"))
-	restarts := p.metric(t, "pgscribe_restarts_total", projLabels(proj.name))
+	retried := p.metric("pgscribe_batches_total", projLabels(proj.name, "result", "retried"))
+	restarts := p.metric("pgscribe_restarts_total", projLabels(proj.name))
 	t.Logf("batches retried: %v, pipeline restarts: %v", retried, restarts)
 	if retried < 1 {
 		t.Errorf("pgscribe_batches_total{result=retried} = %v: no batch went through a transient retry", retried)
 	}
-	p.stop(t)
+	p.stop()
 }
 
 // TestFaultDroppedSlot: the projection's slot is dropped, first while the
@@ -393,13 +368,13 @@ func TestFaultDroppedSlot(t *testing.T) {
 	t.Parallel()
 	proj := faultProjection{name: "slot", types: []string{"Tick"}}
 	e, p := startFault(t, 5, "", rounds("s", 8, 10, "Tick", nil), proj)
-	p.stop(t)
+	p.stop()
 	slot := e.slot(proj.name)
 	slotExists := func() bool {
 		return e.scalar(t, `SELECT count(*) FROM pg_replication_slots WHERE slot_name = $1`, slot) == 1
 	}
 	resync := logMsg("slot is missing: resyncing", proj.name)
-	verify := func(p *faultProc) {
+	verify := func(p *node) {
 		t.Helper()
 		e.verifyClean(t, p, proj)
 		if !slotExists() {
@@ -411,8 +386,8 @@ func TestFaultDroppedSlot(t *testing.T) {
 	e.dropSlot(t, slot)
 	e.appendEvents(t, rounds("s", 8, 5, "Tick", nil)...)
 	p = e.start(t)
-	p.waitLog(t, waitLong, "the resync", resync)
-	if rec := p.waitLog(t, waitLong, "the backfill", logMsg("backfill started", proj.name)); logString(rec, "events") != fmt.Sprint(e.events(t)) {
+	p.waitLog(waitLong, "the resync", resync)
+	if rec := p.waitLog(waitLong, "the backfill", logMsg("backfill started", proj.name)); logString(rec, "events") != fmt.Sprint(e.events(t)) {
 		t.Errorf("the resync re-read %s events, want the whole table (%d): %v", logString(rec, "events"), e.events(t), rec)
 	}
 	verify(p)
@@ -424,7 +399,7 @@ func TestFaultDroppedSlot(t *testing.T) {
 	waitFor(t, waitLong, "a second resync", func() bool { return p.countLog(resync) >= 2 })
 	e.appendEvents(t, rounds("s", 8, 3, "Tick", nil)...)
 	verify(p)
-	p.stop(t)
+	p.stop()
 }
 
 // TestFaultHaltOnError: with on_error = "halt" the first event that would
@@ -435,14 +410,8 @@ func TestFaultHaltOnError(t *testing.T) {
 	t.Parallel()
 	const streams, parallelism = 6, 2 // parallelism as in writeConfig
 	reject := func(when string) faultProjection {
-		return faultProjection{name: "halting", onError: "halt", types: []string{"Tick"}, extra: `
-  [[projection.rule]]
-  name    = "reject"
-  on      = "Tick"
-  when    = "` + when + `"
-  op      = "fail"
-  message = "'negative v: ' + string(data.v)"
-`}
+		return faultProjection{name: "halting", onError: "halt", types: []string{"Tick"}, extra: []rule{
+			{name: "reject", on: "Tick", when: when, op: "fail", message: "'negative v: ' + string(data.v)"}}}
 	}
 	proj := reject("data.v < 0")
 	e, p := startFault(t, 5, "", rounds("h", streams, 5, "Tick", nil), proj)
@@ -450,7 +419,7 @@ func TestFaultHaltOnError(t *testing.T) {
 	const poisonRound, poisonStream = 4, 2
 	tx := rounds("h", streams, 10, "Tick", map[[2]int]faultEvent{{poisonRound, poisonStream}: ev("", "Tick", -1)})
 	positions := e.appendEvents(t, tx...)
-	rec := p.waitHalted(t, proj.name, "")
+	rec := p.waitHalted(proj.name, "")
 	if reason := logString(rec, "reason"); !strings.Contains(reason, "on_error = halt") || !strings.Contains(reason, "rule:reject") {
 		t.Errorf("halt reason %q does not name on_error = halt and rule:reject", reason)
 	}
@@ -477,13 +446,13 @@ func TestFaultHaltOnError(t *testing.T) {
 			t.Errorf("cursor of %s (poison's partition) = %d after the halt, want ≤ %d", stream, got, limit)
 		}
 	}
-	p.stop(t)
+	p.stop()
 
 	// Fix the data path: the rule no longer fails.
 	e.writeConfig(t, 5, reject("data.v < -1000000"))
 	p = e.start(t)
 	e.verifyClean(t, p, proj)
-	p.stop(t)
+	p.stop()
 }
 
 // TestFaultServerRestart: PostgreSQL restarts (fast shutdown) under load.
@@ -492,8 +461,8 @@ func TestFaultHaltOnError(t *testing.T) {
 // the restart breaks every connection to the shared server.
 func TestFaultServerRestart(t *testing.T) {
 	requireServer(t)
-	if !srv.CanRestart() {
-		t.Skipf("%s server cannot be restarted", srv.Mode())
+	if !srv().CanRestart() {
+		t.Skipf("%s server cannot be restarted", srv().Mode())
 	}
 	proj := faultProjection{name: "restart", types: []string{"Tick"}}
 	e, p := startFault(t, 5, "", rounds("r", 6, 10, "Tick", nil), proj)
@@ -502,7 +471,7 @@ func TestFaultServerRestart(t *testing.T) {
 	waitFor(t, waitLong, "load before the restart", func() bool { return w.transactions() >= 20 })
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	if err := srv.Restart(ctx, false); err != nil {
+	if err := srv().Restart(ctx, false); err != nil {
 		t.Fatalf("restart: %v", err)
 	}
 	e.pool.Reset() // the test's own connections did not survive either
@@ -512,8 +481,8 @@ func TestFaultServerRestart(t *testing.T) {
 
 	e.verifyClean(t, p, proj)
 	t.Logf("batches retried: %v, pipeline restarts: %v, lock re-acquired %d times",
-		p.metric(t, "pgscribe_batches_total", projLabels(proj.name, "result", "retried")),
-		p.metric(t, "pgscribe_restarts_total", projLabels(proj.name)),
+		p.metric("pgscribe_batches_total", projLabels(proj.name, "result", "retried")),
+		p.metric("pgscribe_restarts_total", projLabels(proj.name)),
 		p.countLog(logMsg("acquired lock", proj.name))-1)
-	p.stop(t)
+	p.stop()
 }

@@ -1,324 +1,356 @@
 package integration
 
+// The harness every test of this package builds on (doc.go lists it):
+// waits, the configuration file, names, the oracles, and the pgscribe
+// process (node). The families of tests (core/crash: rig, faults: faultEnv,
+// failover: foCluster, metrics, cli: cliEnv) are environments on top of it.
+
 import (
 	"context"
-	"errors"
-	"net/url"
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
 	"os"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
-	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
-
-	"github.com/pgscribe/pgscribe/internal/pgtest"
 )
 
-// Tests of the test harness itself (internal/pgtest) against the shared
-// server: what every other test in this package relies on.
+// ---- waits
 
-// adminQuery runs a one-row query on the maintenance database.
-func adminQuery(t *testing.T, ctx context.Context, sql string, args []any, dest ...any) {
+// waitLong bounds every wait for the engine (catch-up, a halt, a log line):
+// generous for a loaded 2-core machine, never reached when things work.
+const waitLong = 90 * time.Second
+
+// waitUntil polls cond until it holds, failing t at the deadline, on an
+// error of cond, or as soon as one of broken reports a reason (a process
+// that exited: nothing would change any more). Each call of cond gets a
+// context of its own, bounded to 30s.
+func waitUntil(t testing.TB, timeout time.Duration, what string, cond func(ctx context.Context) (bool, error), broken ...func() string) {
 	t.Helper()
-	conn, err := pgx.Connect(ctx, srv.AdminDSN())
-	if err != nil {
-		t.Fatalf("connect admin: %v", err)
-	}
-	defer conn.Close(context.WithoutCancel(ctx))
-	if err := conn.QueryRow(ctx, sql, args...).Scan(dest...); err != nil {
-		t.Fatalf("%s: %v", sql, err)
+	if !poll(t, timeout, what, cond, broken...) {
+		t.Fatalf("timed out after %s waiting for %s", timeout, what)
 	}
 }
 
-func databaseExists(t *testing.T, ctx context.Context, name string) bool {
-	t.Helper()
-	var exists bool
-	adminQuery(t, ctx, "SELECT EXISTS (SELECT FROM pg_database WHERE datname = $1)", []any{name}, &exists)
-	return exists
-}
-
-func dbName(t *testing.T, dsn string) string {
-	t.Helper()
-	u, err := url.Parse(dsn)
-	if err != nil {
-		t.Fatalf("parse dsn: %v", err)
-	}
-	return strings.TrimPrefix(u.Path, "/")
-}
-
-// waitFor polls cond until it holds or the deadline passes.
-func waitFor(t *testing.T, timeout time.Duration, what string, cond func() bool) {
+// poll is waitUntil that returns false at the deadline instead of failing.
+func poll(t testing.TB, timeout time.Duration, what string, cond func(ctx context.Context) (bool, error), broken ...func() string) bool {
 	t.Helper()
 	deadline := time.Now().Add(timeout)
-	for !cond() {
+	for {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		ok, err := cond(ctx)
+		cancel()
+		if err != nil {
+			t.Fatalf("waiting for %s: %v", what, err)
+		}
+		if ok {
+			return true
+		}
+		for _, b := range broken {
+			if why := b(); why != "" {
+				t.Fatalf("waiting for %s: %s", what, why)
+			}
+		}
 		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %s waiting for %s", timeout, what)
+			return false
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
 }
 
-func TestHarnessDropDatabaseWithSlots(t *testing.T) {
-	requireServer(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-
-	name := pgtest.DatabaseName(t.Name())
-	dsn, err := srv.CreateDatabase(ctx, name)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = srv.DropDatabase(context.Background(), name) })
-
-	conn, err := pgx.Connect(ctx, dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close(ctx)
-	for _, sql := range []string{
-		"CREATE TABLE events (id bigserial PRIMARY KEY, body text)",
-		"CREATE PUBLICATION harness_pub FOR TABLE events WITH (publish = 'insert')",
-		"SELECT pg_create_logical_replication_slot('harness_idle', 'pgoutput')",
-	} {
-		if _, err := conn.Exec(ctx, sql); err != nil {
-			t.Fatalf("%s: %v", sql, err)
-		}
-	}
-
-	// A slot held by a live walsender, as a running pgscribe holds its own.
-	repl, err := pgconn.Connect(ctx, dsn+"&replication=database")
-	if err != nil {
-		t.Fatalf("replication connection: %v", err)
-	}
-	defer repl.Close(context.WithoutCancel(ctx))
-	if _, err := pglogrepl.CreateReplicationSlot(ctx, repl, "harness_active", "pgoutput", pglogrepl.CreateReplicationSlotOptions{}); err != nil {
-		t.Fatalf("create slot: %v", err)
-	}
-	err = pglogrepl.StartReplication(ctx, repl, "harness_active", 0, pglogrepl.StartReplicationOptions{
-		PluginArgs: []string{"proto_version '1'", "publication_names 'harness_pub'"},
-	})
-	if err != nil {
-		t.Fatalf("start replication: %v", err)
-	}
-	waitFor(t, 30*time.Second, "the slot to be active", func() bool {
-		var active bool
-		adminQuery(t, ctx, "SELECT coalesce(bool_or(active), false) FROM pg_replication_slots WHERE slot_name = 'harness_active'", nil, &active)
-		return active
-	})
-
-	if err := srv.DropDatabase(ctx, name); err != nil {
-		t.Fatalf("DropDatabase: %v", err)
-	}
-	if databaseExists(t, ctx, name) {
-		t.Fatalf("database %s still exists", name)
-	}
-	var slots int
-	adminQuery(t, ctx, "SELECT count(*) FROM pg_replication_slots WHERE slot_name IN ('harness_idle', 'harness_active')", nil, &slots)
-	if slots != 0 {
-		t.Fatalf("%d replication slots left", slots)
-	}
-
-	// The walsender was terminated: the stream ends with an error well
-	// before the deadline.
-	rctx, rcancel := context.WithTimeout(ctx, 30*time.Second)
-	defer rcancel()
-	for {
-		_, err := repl.ReceiveMessage(rctx)
-		if err != nil {
-			if rctx.Err() != nil {
-				t.Fatalf("replication connection still open after DropDatabase")
-			}
-			break
-		}
-	}
-
-	// Dropping what is not there is not an error.
-	if err := srv.DropDatabase(ctx, name); err != nil {
-		t.Fatalf("second DropDatabase: %v", err)
-	}
+// waitFor is waitUntil for a condition that cannot fail.
+func waitFor(t testing.TB, timeout time.Duration, what string, cond func() bool) {
+	t.Helper()
+	waitUntil(t, timeout, what, func(context.Context) (bool, error) { return cond(), nil })
 }
 
-func TestHarnessNewDatabase(t *testing.T) {
-	requireServer(t)
+// ---- names
+
+// uniqueID returns kind followed by random hex: slot prefixes and role
+// names, which are server-wide, never collide between tests or binaries.
+func uniqueID(kind string) string {
+	var b [4]byte
+	_, _ = rand.Read(b[:])
+	return kind + hex.EncodeToString(b[:])
+}
+
+// slotName is the replication slot pgscribe creates for a projection
+// version (DESIGN: <slot_prefix>_<projection>_v<version>).
+func slotName(prefix, projection string, version int) string {
+	return fmt.Sprintf("%s_%s_v%d", prefix, projection, version)
+}
+
+// ---- configuration
+
+// config is a pgscribe configuration file: sections of key = value lines
+// (values are TOML, written as given), then the projections. newConfig
+// sets what every test wants; set overrides or adds a key.
+type config struct {
+	sections    map[string][][2]string
+	extra       map[string]string // verbatim lines per section
+	projections []string
+}
+
+// configSections is the order of the sections in the file.
+var configSections = []string{"database", "source", "engine", "retry", "metrics", "log"}
+
+// newConfig starts a configuration for the database at dsn ("" leaves the
+// URL to PGSCRIBE_DATABASE_URL) with the given slot prefix: metrics on a
+// free port, JSON logs.
+func newConfig(dsn, slotPrefix string) *config {
+	c := &config{sections: map[string][][2]string{}, extra: map[string]string{}}
+	if dsn != "" {
+		c.set("database", "url", fmt.Sprintf("%q", dsn))
+	}
+	c.set("source", "slot_prefix", fmt.Sprintf("%q", slotPrefix))
+	c.set("metrics", "listen", `"127.0.0.1:0"`)
+	c.set("log", "format", `"json"`)
+	return c
+}
+
+// set sets key to the TOML value in section.
+func (c *config) set(section, key, value string) *config {
+	kvs := c.sections[section]
+	for i := range kvs {
+		if kvs[i][0] == key {
+			kvs[i][1] = value
+			return c
+		}
+	}
+	c.sections[section] = append(kvs, [2]string{key, value})
+	return c
+}
+
+// with sets every key of kv (TOML values) in section, in sorted order.
+func (c *config) with(section string, kv map[string]string) *config {
+	for _, k := range slices.Sorted(func(yield func(string) bool) {
+		for k := range kv {
+			if !yield(k) {
+				return
+			}
+		}
+	}) {
+		c.set(section, k, kv[k])
+	}
+	return c
+}
+
+// raw appends verbatim lines to section.
+func (c *config) raw(section, lines string) *config {
+	c.extra[section] += lines + "\n"
+	return c
+}
+
+// add appends [[projection]] blocks (TOML).
+func (c *config) add(projections ...string) *config {
+	c.projections = append(c.projections, projections...)
+	return c
+}
+
+func (c *config) String() string {
+	var b strings.Builder
+	for _, s := range configSections {
+		if len(c.sections[s]) == 0 && c.extra[s] == "" {
+			continue
+		}
+		fmt.Fprintf(&b, "[%s]\n", s)
+		for _, kv := range c.sections[s] {
+			fmt.Fprintf(&b, "%s = %s\n", kv[0], kv[1])
+		}
+		b.WriteString(c.extra[s])
+		b.WriteString("\n")
+	}
+	for _, p := range c.projections {
+		b.WriteString(p)
+	}
+	return b.String()
+}
+
+// write writes the file to path and returns path.
+func (c *config) write(t testing.TB, path string) string {
+	t.Helper()
+	if err := os.WriteFile(path, []byte(c.String()), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
+// ---- projections
+
+// rule is one [[projection.rule]] of a test projection. on is an event
+// type, or several separated by commas ("" for every type); key, set and
+// inc are the insides of their inline tables ("col = \"expr\", …"); args
+// is a TOML array; the other fields are written as TOML strings.
+type rule struct {
+	name, on, when, op, table, key, set, inc, message, sql, args, ifMissing string
+}
+
+func (r rule) String() string {
+	var b strings.Builder
+	b.WriteString("\n  [[projection.rule]]\n")
+	field := func(k, v string) {
+		if v != "" {
+			fmt.Fprintf(&b, "  %s = %s\n", k, v)
+		}
+	}
+	field("name", fmt.Sprintf("%q", r.name))
+	if types := strings.Split(r.on, ","); len(types) > 1 {
+		q := make([]string, len(types))
+		for i, ty := range types {
+			q[i] = fmt.Sprintf("%q", strings.TrimSpace(ty))
+		}
+		field("on", "["+strings.Join(q, ", ")+"]")
+	} else if r.on != "" {
+		field("on", fmt.Sprintf("%q", r.on))
+	}
+	quoted := func(k, v string) {
+		if v != "" {
+			field(k, fmt.Sprintf("%q", v))
+		}
+	}
+	quoted("when", r.when)
+	quoted("op", r.op)
+	quoted("table", r.table)
+	for _, kv := range [][2]string{{"key", r.key}, {"set", r.set}, {"inc", r.inc}} {
+		if kv[1] != "" {
+			field(kv[0], "{ "+kv[1]+" }")
+		}
+	}
+	quoted("message", r.message)
+	quoted("if_missing", r.ifMissing)
+	quoted("sql", r.sql)
+	field("args", r.args)
+	return b.String()
+}
+
+// projectionTOML renders a [[projection]] block; onError "" leaves the
+// default.
+func projectionTOML(name string, version int, onError string, rules ...rule) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "\n[[projection]]\nname = %q\nversion = %d\n", name, version)
+	if onError != "" {
+		fmt.Fprintf(&b, "on_error = %q\n", onError)
+	}
+	for _, r := range rules {
+		b.WriteString(r.String())
+	}
+	return b.String()
+}
+
+// ---- oracles
+
+// querier is what the oracles need of a connection or pool.
+type querier interface {
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}
+
+// scalar runs a one-value query.
+func scalar[T any](t testing.TB, q querier, sql string, args ...any) T {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-
-	var name string
-	t.Run("inner", func(t *testing.T) {
-		dsn := newDatabase(t)
-		name = dbName(t, dsn)
-		conn, err := pgx.Connect(ctx, dsn)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer conn.Close(ctx)
-		var current string
-		var tables int
-		err = conn.QueryRow(ctx, `SELECT current_database(),
-			(SELECT count(*) FROM pg_tables WHERE schemaname = 'public')`).Scan(&current, &tables)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if current != name || tables != 0 {
-			t.Fatalf("got database %q with %d tables, want empty %q", current, tables, name)
-		}
-		// Leave a session open: the cleanup must cope with it.
-		if _, err := conn.Exec(ctx, "CREATE TABLE leftover (x int)"); err != nil {
-			t.Fatal(err)
-		}
-	})
-	if name == "" {
-		t.Fatal("subtest did not run")
+	var v T
+	if err := q.QueryRow(ctx, sql, args...).Scan(&v); err != nil {
+		t.Fatalf("%s: %v", sqlHead(sql), err)
 	}
-	if databaseExists(t, ctx, name) {
-		t.Fatalf("database %s survived its test", name)
+	return v
+}
+
+// sqlHead is the first line of a statement, for messages.
+func sqlHead(s string) string {
+	s = strings.TrimSpace(s)
+	if i := strings.IndexByte(s, '\n'); i >= 0 {
+		return s[:i] + " …"
+	}
+	return s
+}
+
+// accountedSQL is the conservation side of the cursors: how many events a
+// projection version accounts for (applied + skipped + dead_lettered).
+const accountedSQL = `SELECT coalesce(sum(applied + skipped + dead_lettered), 0)::bigint
+FROM pgscribe.cursors WHERE projection = $1 AND version = $2`
+
+// accounted is how many events the projection version's cursors account for.
+func accounted(ctx context.Context, q querier, projection string, version int) (int64, error) {
+	var n int64
+	err := q.QueryRow(ctx, accountedSQL, projection, version).Scan(&n)
+	return n, err
+}
+
+// eventCount is the number of rows in the events table.
+func eventCount(ctx context.Context, q querier) (int64, error) {
+	var n int64
+	err := q.QueryRow(ctx, `SELECT count(*) FROM events`).Scan(&n)
+	return n, err
+}
+
+// waitAccounted waits until the projection version accounts for every
+// event of the table (conservation by the counts; writers must be
+// stopped), failing at once when it accounts for more, or when broken
+// reports a reason.
+func waitAccounted(t testing.TB, q querier, timeout time.Duration, projection string, version int, broken ...func() string) {
+	t.Helper()
+	var got, want int64
+	ok := poll(t, timeout, projection+" to account for every event", func(ctx context.Context) (bool, error) {
+		var err error
+		if want, err = eventCount(ctx, q); err != nil {
+			return false, err
+		}
+		if got, err = accounted(ctx, q, projection, version); err != nil {
+			return false, err
+		}
+		return got >= want, nil
+	}, broken...)
+	switch {
+	case got > want:
+		t.Fatalf("projection %s v%d accounts for %d events, the table has %d", projection, version, got, want)
+	case !ok:
+		t.Fatalf("timed out after %s: projection %s v%d accounts for %d of %d events", timeout, projection, version, got, want)
 	}
 }
 
-func TestHarnessRestartImmediate(t *testing.T) {
-	requireServer(t)
-	if !srv.CanRestart() {
-		t.Skipf("%s server cannot be restarted", srv.Mode())
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-	defer cancel()
-	dsn := newDatabase(t)
-	hostPort := srv.HostPort()
-
-	conn, err := pgx.Connect(ctx, dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close(context.WithoutCancel(ctx))
-	if _, err := conn.Exec(ctx, "CREATE TABLE t (x int); INSERT INTO t VALUES (1)"); err != nil {
-		t.Fatal(err)
-	}
-	// An open transaction: the crash must lose it.
-	tx, err := conn.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := tx.Exec(ctx, "INSERT INTO t VALUES (2)"); err != nil {
-		t.Fatal(err)
-	}
-
-	if err := srv.Restart(ctx, true); err != nil {
-		t.Fatalf("Restart(immediate): %v", err)
-	}
-	if srv.HostPort() != hostPort {
-		t.Fatalf("address changed from %s to %s", hostPort, srv.HostPort())
-	}
-	if err := tx.Commit(ctx); err == nil {
-		t.Fatal("commit on a connection that lived through a crash succeeded")
-	}
-
-	readAll := func() []int32 {
-		t.Helper()
-		conn, err := pgx.Connect(ctx, dsn)
-		if err != nil {
-			t.Fatalf("connect after restart: %v", err)
-		}
-		defer conn.Close(ctx)
-		var xs []int32
-		if err := conn.QueryRow(ctx, "SELECT coalesce(array_agg(x ORDER BY x), '{}') FROM t").Scan(&xs); err != nil {
-			t.Fatal(err)
-		}
-		return xs
-	}
-	if got := readAll(); len(got) != 1 || got[0] != 1 {
-		t.Fatalf("after crash: rows %v, want [1]", got)
-	}
-
-	if err := srv.Restart(ctx, false); err != nil {
-		t.Fatalf("Restart(fast): %v", err)
-	}
-	if got := readAll(); len(got) != 1 || got[0] != 1 {
-		t.Fatalf("after fast restart: rows %v, want [1]", got)
-	}
-}
-
-func TestHarnessProxy(t *testing.T) {
-	requireServer(t)
+// sameRows fails t when the got and want queries (sharing args) do not
+// return the same multiset of rows, with a sample of the rows missing and
+// extra.
+func sameRows(t testing.TB, q querier, what, got, want string, args ...any) {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	dsn := newDatabase(t)
-
-	p, err := pgtest.NewProxy(srv.HostPort())
+	var missing, extra []string
+	rows, err := q.Query(ctx, `WITH got AS (`+got+`), want AS (`+want+`)
+SELECT 'missing', w::text FROM (SELECT * FROM want EXCEPT ALL SELECT * FROM got) w
+UNION ALL
+SELECT 'extra', g::text FROM (SELECT * FROM got EXCEPT ALL SELECT * FROM want) g ORDER BY 2`, args...)
 	if err != nil {
-		t.Fatal(err)
+		t.Fatalf("compare %s: %v", what, err)
 	}
-	defer p.Close()
-	pdsn, err := p.DSN(dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg, err := pgx.ParseConfig(pdsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg.ConnectTimeout = 5 * time.Second
-	connect := func() (*pgx.Conn, error) { return pgx.ConnectConfig(ctx, cfg) }
-	// mustPing connects through the proxy and checks the connection works.
-	mustPing := func(when string) *pgx.Conn {
-		t.Helper()
-		conn, err := connect()
-		if err == nil {
-			t.Cleanup(func() { conn.Close(context.WithoutCancel(ctx)) })
-			err = conn.Ping(ctx)
+	var side, row string
+	if _, err := pgx.ForEachRow(rows, []any{&side, &row}, func() error {
+		if side == "missing" {
+			missing = append(missing, row)
+		} else {
+			extra = append(extra, row)
 		}
-		if err != nil {
-			t.Fatalf("connect through proxy %s: %v", when, err)
-		}
-		return conn
+		return nil
+	}); err != nil {
+		t.Fatalf("compare %s: %v", what, err)
 	}
-
-	conn := mustPing("at first")
-	p.Cut()
-	qctx, qcancel := context.WithTimeout(ctx, 20*time.Second)
-	_, err = conn.Exec(qctx, "SELECT 1")
-	qcancel()
-	if err == nil {
-		t.Fatal("query on a cut connection succeeded")
+	if len(missing)+len(extra) > 0 {
+		t.Errorf("%s differs from the events table: %d rows missing %s, %d rows extra %s",
+			what, len(missing), firstFew(missing), len(extra), firstFew(extra))
 	}
-	if errors.Is(err, context.DeadlineExceeded) {
-		t.Fatalf("cut connection hung instead of failing: %v", err)
-	}
-	if c, err := connect(); err == nil {
-		c.Close(ctx)
-		t.Fatal("new connection went through a cut proxy")
-	}
-	p.Restore()
-	conn = mustPing("after Restore")
-
-	// A blackhole keeps the connection open but silent: the query can
-	// only end by its own deadline, and after Restore traffic flows again.
-	p.Blackhole()
-	bctx, bcancel := context.WithTimeout(ctx, 300*time.Millisecond)
-	var one int
-	err = conn.QueryRow(bctx, "SELECT 1").Scan(&one)
-	bcancel()
-	if err == nil {
-		t.Fatal("query through a blackhole succeeded")
-	}
-	p.Restore()
-	mustPing("after a blackhole")
 }
 
-func TestPgscribeBinaryBuilds(t *testing.T) {
-	if testing.Short() {
-		t.Skip("builds the binary with -race; skipped with -short")
+func firstFew(rows []string) string {
+	if len(rows) > 5 {
+		return fmt.Sprint(rows[:5], " …")
 	}
-	if _, err := os.Stat("../main.go"); errors.Is(err, os.ErrNotExist) {
-		t.Skip("the root main.go does not exist yet")
-	}
-	path := pgscribeBinary(t)
-	fi, err := os.Stat(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if fi.Mode().Perm()&0o111 == 0 {
-		t.Fatalf("%s is not executable", path)
-	}
+	return fmt.Sprint(rows)
 }

@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"testing"
-	"time"
 )
 
 // TestFaultInvalidatedSlot: a slot PostgreSQL invalidated because it
@@ -17,15 +16,13 @@ import (
 // It changes a server-wide setting, so it is not parallel: Go runs it before
 // any parallel test resumes, and it restores the setting before returning.
 func TestFaultInvalidatedSlot(t *testing.T) {
-	if testing.Short() {
-		t.Skip("integration test")
-	}
-	if !srv.CanRestart() {
+	requireServer(t)
+	if !srv().CanRestart() {
 		t.Skip("changes a server-wide setting: only on a server the harness started")
 	}
 	proj := faultProjection{name: "lost", types: []string{"Tick"}}
 	e, p := startFault(t, 5, "", rounds("l", 8, 10, "Tick", nil), proj)
-	p.stop(t)
+	p.stop()
 	slot := e.slot(proj.name)
 
 	e.exec(t, `ALTER SYSTEM SET max_slot_wal_keep_size = '1MB'`)
@@ -42,34 +39,24 @@ func TestFaultInvalidatedSlot(t *testing.T) {
 	// Events the engine has not seen, then enough WAL and a checkpoint for
 	// PostgreSQL to invalidate the idle slot.
 	e.appendEvents(t, rounds("l", 8, 5, "Tick", nil)...)
-	deadline := time.Now().Add(waitLong)
-	for e.scalarText(t, `SELECT coalesce(wal_status, '') FROM pg_replication_slots WHERE slot_name = $1`, slot) != "lost" {
-		if time.Now().After(deadline) {
-			t.Fatalf("slot %s was never invalidated", slot)
+	waitFor(t, waitLong, "slot "+slot+" to be invalidated", func() bool {
+		if scalar[string](t, e.pool, `SELECT coalesce(wal_status, '') FROM pg_replication_slots WHERE slot_name = $1`, slot) == "lost" {
+			return true
 		}
 		e.exec(t, `SELECT pg_logical_emit_message(false, 'pgscribe-test', repeat('x', 1000000))`)
 		e.exec(t, `SELECT pg_switch_wal()`)
 		e.exec(t, `CHECKPOINT`)
-	}
+		return false
+	})
 
 	p = e.start(t)
-	p.waitLog(t, waitLong, "the resync", logMsg("slot was invalidated", proj.name))
-	if rec := p.waitLog(t, waitLong, "the backfill", logMsg("backfill started", proj.name)); logString(rec, "events") != fmt.Sprint(e.events(t)) {
+	p.waitLog(waitLong, "the resync", logMsg("slot was invalidated", proj.name))
+	if rec := p.waitLog(waitLong, "the backfill", logMsg("backfill started", proj.name)); logString(rec, "events") != fmt.Sprint(e.events(t)) {
 		t.Errorf("the resync re-read %s events, want the whole table (%d): %v", logString(rec, "events"), e.events(t), rec)
 	}
 	e.verifyClean(t, p, proj)
-	if got := e.scalarText(t, `SELECT coalesce(wal_status, '') FROM pg_replication_slots WHERE slot_name = $1`, slot); got == "lost" || got == "" {
+	if got := scalar[string](t, e.pool, `SELECT coalesce(wal_status, '') FROM pg_replication_slots WHERE slot_name = $1`, slot); got == "lost" || got == "" {
 		t.Errorf("slot %s after the resync: wal_status %q, want a live slot", slot, got)
 	}
-	p.stop(t)
-}
-
-// scalarText runs a one-value text query.
-func (e *faultEnv) scalarText(t *testing.T, sql string, args ...any) string {
-	t.Helper()
-	var s string
-	if err := e.pool.QueryRow(context.Background(), sql, args...).Scan(&s); err != nil {
-		t.Fatalf("%s: %v", sql, err)
-	}
-	return s
+	p.stop()
 }

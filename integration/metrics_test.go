@@ -5,28 +5,17 @@ package integration
 // active node and on a standby that reads them from PostgreSQL.
 
 import (
-	"bufio"
 	"context"
-	"crypto/rand"
-	"encoding/hex"
-	"encoding/json"
 	"fmt"
 	"net/http"
-	"os"
-	"os/exec"
 	"path/filepath"
-	"strings"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/prometheus/client_golang/prometheus"
-	dto "github.com/prometheus/client_model/go"
-	"github.com/prometheus/common/expfmt"
-	"github.com/prometheus/common/model"
 
 	"github.com/pgscribe/pgscribe/lag"
 	"github.com/pgscribe/pgscribe/migrations"
@@ -38,199 +27,32 @@ const mtProjection = "mt_counts"
 // test sees several lag measurements per second.
 func mtConfig(t *testing.T, dsn, slotPrefix, node string) string {
 	t.Helper()
-	cfg := fmt.Sprintf(`[database]
-url = %q
-
-[source]
-slot_prefix = %q
-
-[engine]
-node            = %q
-parallelism     = 2
-batch_timeout   = "5ms"
-backfill_batch_size = 500
-standby_poll    = "200ms"
-lag_interval    = "200ms"
-status_interval = "500ms"
-
-[metrics]
-listen = "127.0.0.1:0"
-
-[log]
-format = "json"
-
-[[projection]]
-name    = %q
-version = 1
-
-  [[projection.rule]]
-  name  = "count"
-  on    = "Tick"
-  op    = "upsert"
-  table = "mt_counts"
-  key   = { stream_id = "stream_id" }
-  inc   = { n = "1" }
-`, dsn, slotPrefix, node, mtProjection)
-	path := filepath.Join(t.TempDir(), node+".toml")
-	if err := os.WriteFile(path, []byte(cfg), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	return path
+	return newConfig(dsn, slotPrefix).with("engine", map[string]string{
+		"node": fmt.Sprintf("%q", node), "parallelism": "2", "batch_timeout": `"5ms"`, "backfill_batch_size": "500",
+		"standby_poll": `"200ms"`, "lag_interval": `"200ms"`, "status_interval": `"500ms"`,
+	}).add(projectionTOML(mtProjection, 1, "",
+		rule{name: "count", on: "Tick", op: "upsert", table: "mt_counts", key: `stream_id = "stream_id"`, inc: `n = "1"`},
+	)).write(t, filepath.Join(t.TempDir(), node+".toml"))
 }
 
-// mtNode is one pgscribe process.
-type mtNode struct {
-	t       *testing.T
-	name    string
-	cmd     *exec.Cmd
-	exited  chan struct{}
-	mu      sync.Mutex
-	addr    string
-	lines   []string
-	exitErr error
-}
-
-func mtStart(t *testing.T, bin, cfgPath, name string) *mtNode {
+// mtStart starts a node that gets a minute to stop.
+func mtStart(t *testing.T, name, config string) *node {
 	t.Helper()
-	n := &mtNode{t: t, name: name, exited: make(chan struct{})}
-	n.cmd = exec.Command(bin, "run", "-config", cfgPath)
-	n.cmd.Env = append(os.Environ(), "PGSCRIBE_DATABASE_URL=", "GORACE=atexit_sleep_ms=0")
-	stderr, err := n.cmd.StderrPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := n.cmd.Start(); err != nil {
-		t.Fatalf("start %s: %v", name, err)
-	}
-	go func() {
-		sc := bufio.NewScanner(stderr)
-		sc.Buffer(make([]byte, 64<<10), 1<<20)
-		for sc.Scan() {
-			var m struct{ Msg, Addr string }
-			_ = json.Unmarshal(sc.Bytes(), &m)
-			n.mu.Lock()
-			n.lines = append(n.lines, sc.Text())
-			if m.Msg == "metrics listening" {
-				n.addr = m.Addr
-			}
-			n.mu.Unlock()
-		}
-		err := n.cmd.Wait()
-		n.mu.Lock()
-		n.exitErr = err
-		n.mu.Unlock()
-		close(n.exited)
-	}()
-	t.Cleanup(func() {
-		select {
-		case <-n.exited:
-		default:
-			_ = n.cmd.Process.Kill()
-			<-n.exited
-		}
-		if t.Failed() {
-			n.mu.Lock()
-			t.Logf("%s log (last lines):\n%s", n.name, strings.Join(n.lines[max(len(n.lines)-40, 0):], "\n"))
-			n.mu.Unlock()
-		}
-	})
-	waitFor(t, time.Minute, name+" to listen for metrics", func() bool {
-		n.mu.Lock()
-		defer n.mu.Unlock()
-		select {
-		case <-n.exited:
-			t.Fatalf("%s exited at start-up: %v", name, n.exitErr)
-		default:
-		}
-		return n.addr != ""
-	})
+	n := newNode(t, name, config)
+	n.stopTimeout = time.Minute
+	n.start()
 	return n
 }
 
-// stop sends SIGTERM and waits for a clean exit.
-func (n *mtNode) stop() {
-	n.t.Helper()
-	_ = n.cmd.Process.Signal(syscall.SIGTERM)
-	select {
-	case <-n.exited:
-	case <-time.After(time.Minute):
-		n.t.Fatalf("%s did not stop within a minute of SIGTERM", n.name)
-	}
-	n.mu.Lock()
-	defer n.mu.Unlock()
-	if n.exitErr != nil {
-		n.t.Errorf("%s exited with %v", n.name, n.exitErr)
-	}
-}
+// mtScrape is a scrape read for the series of the test's projection.
+type mtScrape struct{ scrape }
 
-var mtHTTP = &http.Client{Timeout: 10 * time.Second}
+func mt(s scrape) mtScrape { return mtScrape{s} }
 
-// get returns the status and body of a path on the node's listener.
-func (n *mtNode) get(path string) (int, string) {
-	n.t.Helper()
-	resp, err := mtHTTP.Get("http://" + n.addr + path)
-	if err != nil {
-		n.t.Fatalf("GET %s on %s: %v", path, n.name, err)
-	}
-	defer resp.Body.Close()
-	var b strings.Builder
-	sc := bufio.NewScanner(resp.Body)
-	for sc.Scan() {
-		b.WriteString(sc.Text() + "\n")
-	}
-	return resp.StatusCode, b.String()
-}
-
-// mtScrape is one /metrics answer.
-type mtScrape map[string]*dto.MetricFamily
-
-func (n *mtNode) scrape() mtScrape {
-	n.t.Helper()
-	code, body := n.get("/metrics")
-	if code != http.StatusOK {
-		n.t.Fatalf("/metrics on %s: %d", n.name, code)
-	}
-	parser := expfmt.NewTextParser(model.UTF8Validation)
-	fams, err := parser.TextToMetricFamilies(strings.NewReader(body))
-	if err != nil {
-		n.t.Fatalf("parse /metrics of %s: %v", n.name, err)
-	}
-	return fams
-}
-
-// value returns the value of the projection's series of a gauge or counter
-// (with the extra labels given as name, value pairs); ok is false when the
-// series is absent.
+// value returns the value of the projection's series of name, with the
+// extra labels given as name, value pairs; ok is false when it is absent.
 func (s mtScrape) value(name string, labels ...string) (float64, bool) {
-	f := s[name]
-	if f == nil {
-		return 0, false
-	}
-	want := map[string]string{"projection": mtProjection, "version": "1"}
-	for i := 0; i+1 < len(labels); i += 2 {
-		want[labels[i]] = labels[i+1]
-	}
-series:
-	for _, m := range f.GetMetric() {
-		got := map[string]string{}
-		for _, l := range m.GetLabel() {
-			got[l.GetName()] = l.GetValue()
-		}
-		for k, v := range want {
-			if got[k] != v {
-				continue series
-			}
-		}
-		switch {
-		case m.Gauge != nil:
-			return m.GetGauge().GetValue(), true
-		case m.Counter != nil:
-			return m.GetCounter().GetValue(), true
-		case m.Histogram != nil:
-			return float64(m.GetHistogram().GetSampleCount()), true
-		}
-	}
-	return 0, false
+	return s.scrape.value(name, projLabels(mtProjection, labels...))
 }
 
 func (s mtScrape) must(t *testing.T, name string, labels ...string) float64 {
@@ -243,11 +65,11 @@ func (s mtScrape) must(t *testing.T, name string, labels ...string) float64 {
 }
 
 // waitMetric scrapes until cond holds for the projection's value of name.
-func (n *mtNode) waitMetric(timeout time.Duration, what, name string, cond func(float64) bool) float64 {
+func (n *node) waitMetric(timeout time.Duration, what, name string, cond func(float64) bool) float64 {
 	n.t.Helper()
 	var last float64
 	waitFor(n.t, timeout, n.name+": "+what, func() bool {
-		v, ok := n.scrape().value(name)
+		v, ok := mt(n.scrape()).value(name)
 		last = v
 		return ok && cond(v)
 	})
@@ -260,17 +82,12 @@ func (n *mtNode) waitMetric(timeout time.Duration, what, name string, cond func(
 // standby, and checks the health endpoints along the way.
 func TestMetricsLagLifecycle(t *testing.T) {
 	dsn := newDatabase(t)
-	bin := pgscribeBinary(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
 	defer cancel()
 
-	suffix := make([]byte, 4)
-	_, _ = rand.Read(suffix)
-	prefix := "mt" + hex.EncodeToString(suffix)
+	prefix := uniqueID("mt")
 	cfgA := mtConfig(t, dsn, prefix, "a")
-	if out, err := exec.CommandContext(ctx, bin, "migrate", "-config", cfgA, "-events-table").CombinedOutput(); err != nil {
-		t.Fatalf("migrate: %v\n%s", err, out)
-	}
+	migrate(t, cfgA)
 	db, err := pgx.Connect(ctx, dsn)
 	if err != nil {
 		t.Fatal(err)
@@ -320,7 +137,7 @@ func TestMetricsLagLifecycle(t *testing.T) {
 
 	// Backfill, blocked: the lag rises, the backlog is every event.
 	release := pause("SHARE")
-	a := mtStart(t, bin, cfgA, "a")
+	a := mtStart(t, "a", cfgA)
 	a.waitMetric(time.Minute, "active", "pgscribe_active", func(v float64) bool { return v == 1 })
 	a.waitMetric(time.Minute, "backfill total known", "pgscribe_backfill_events_total", func(v float64) bool { return v == 2000 })
 	a.waitMetric(time.Minute, "backlog of the whole snapshot", "pgscribe_backlog_events", func(v float64) bool { return v == 2000 })
@@ -356,7 +173,7 @@ func TestMetricsLagLifecycle(t *testing.T) {
 	}()
 	maxLag := 0.0
 	waitFor(t, time.Minute, "live events applied", func() bool {
-		s := a.scrape()
+		s := mt(a.scrape())
 		maxLag = max(maxLag, s.must(t, "pgscribe_lag_seconds"))
 		return s.must(t, "pgscribe_events_total", "outcome", "applied") >= 2500
 	})
@@ -371,7 +188,7 @@ func TestMetricsLagLifecycle(t *testing.T) {
 		t.Errorf("lag under a light live load reached %.1fs", maxLag)
 	}
 	a.waitMetric(time.Minute, "backlog 0 after the load", "pgscribe_backlog_events", func(v float64) bool { return v == 0 })
-	s := a.scrape()
+	s := mt(a.scrape())
 	if got := s.must(t, "pgscribe_events_total", "outcome", "applied"); got != 5000 {
 		t.Errorf("applied %v events, want 5000", got)
 	}
@@ -385,7 +202,7 @@ func TestMetricsLagLifecycle(t *testing.T) {
 		"pgscribe_batch_events", "pgscribe_lag_seconds", "pgscribe_replication_lag_bytes", "pgscribe_backlog_events",
 		"pgscribe_watermark_lsn", "pgscribe_active", "pgscribe_halted", "pgscribe_build_info", "go_goroutines",
 		"process_resident_memory_bytes"} {
-		if s[name] == nil {
+		if s.scrape[name] == nil {
 			t.Errorf("/metrics lacks %s", name)
 		}
 	}
@@ -397,9 +214,9 @@ func TestMetricsLagLifecycle(t *testing.T) {
 	}
 
 	// A standby reads the same numbers from PostgreSQL.
-	b := mtStart(t, bin, mtConfig(t, dsn, prefix, "b"), "b")
+	b := mtStart(t, "b", mtConfig(t, dsn, prefix, "b"))
 	waitFor(t, time.Minute, "b standing by with a watermark", func() bool {
-		s := b.scrape()
+		s := mt(b.scrape())
 		active, _ := s.value("pgscribe_active")
 		wm, _ := s.value("pgscribe_watermark_lsn")
 		return active == 0 && wm > 0
@@ -410,7 +227,7 @@ func TestMetricsLagLifecycle(t *testing.T) {
 	if code, _ := b.get("/healthz"); code != http.StatusOK {
 		t.Errorf("/healthz on a standby: %d, want 200", code)
 	}
-	sb := b.scrape()
+	sb := mt(b.scrape())
 	if v := sb.must(t, "pgscribe_backlog_events"); v != 0 {
 		t.Errorf("standby backlog %v, want 0", v)
 	}
@@ -422,18 +239,18 @@ func TestMetricsLagLifecycle(t *testing.T) {
 	// the slot cannot be confirmed past the blocked transaction.
 	release = pause("ACCESS EXCLUSIVE")
 	appendEvents(writer, "paused", 50)
-	for _, n := range []*mtNode{a, b} {
+	for _, n := range []*node{a, b} {
 		l := n.waitMetric(time.Minute, "lag under a paused apply", "pgscribe_lag_seconds", func(v float64) bool { return v >= 0.5 })
 		n.waitMetric(time.Minute, "lag rising under a paused apply", "pgscribe_lag_seconds", func(v float64) bool { return v >= l+0.5 })
 		n.waitMetric(time.Minute, "backlog of the paused events", "pgscribe_backlog_events", func(v float64) bool { return v == 50 })
-		t.Logf("%s under a paused apply: lag %.2fs, backlog 50", n.name, n.scrape().must(t, "pgscribe_lag_seconds"))
+		t.Logf("%s under a paused apply: lag %.2fs, backlog 50", n.name, mt(n.scrape()).must(t, "pgscribe_lag_seconds"))
 	}
 	a.waitMetric(time.Minute, "slot not confirmed past the paused events", "pgscribe_replication_lag_bytes", func(v float64) bool { return v > 0 })
-	if v := a.scrape().must(t, "pgscribe_active"); v != 1 {
+	if v := mt(a.scrape()).must(t, "pgscribe_active"); v != 1 {
 		t.Errorf("a: pgscribe_active %v under a paused apply, want 1", v)
 	}
 	release()
-	for _, n := range []*mtNode{a, b} {
+	for _, n := range []*node{a, b} {
 		n.waitMetric(time.Minute, "backlog 0 after the pause", "pgscribe_backlog_events", func(v float64) bool { return v == 0 })
 		n.waitMetric(time.Minute, "lag 0 after the pause", "pgscribe_lag_seconds", func(v float64) bool { return v == 0 })
 	}
@@ -442,14 +259,14 @@ func TestMetricsLagLifecycle(t *testing.T) {
 	// lag_interval, the slot follows the WAL end, lag and backlog stay 0.
 	a.waitMetric(time.Minute, "slot confirmed while idle", "pgscribe_replication_lag_bytes", func(v float64) bool { return v < 1<<20 })
 	for range 5 {
-		before := a.scrape()
+		before := mt(a.scrape())
 		run(writer, `INSERT INTO mt_noise DEFAULT VALUES`)
 		waitFor(t, 10*time.Second, "another lag measurement", func() bool {
-			v, _ := a.scrape().value("pgscribe_watermark_lsn")
+			v, _ := mt(a.scrape()).value("pgscribe_watermark_lsn")
 			return v != before.must(t, "pgscribe_watermark_lsn")
 		})
-		for _, n := range []*mtNode{a, b} {
-			s := n.scrape()
+		for _, n := range []*node{a, b} {
+			s := mt(n.scrape())
 			if lag, backlog := s.must(t, "pgscribe_lag_seconds"), s.must(t, "pgscribe_backlog_events"); lag != 0 || backlog != 0 {
 				t.Fatalf("%s idle: lag %v, backlog %v; want 0, 0", n.name, lag, backlog)
 			}
@@ -461,7 +278,7 @@ func TestMetricsLagLifecycle(t *testing.T) {
 	b.waitMetric(time.Minute, "b active after a stopped", "pgscribe_active", func(v float64) bool { return v == 1 })
 	appendEvents(writer, "after", 20)
 	waitFor(t, time.Minute, "events applied by b", func() bool {
-		v, _ := b.scrape().value("pgscribe_events_total", "outcome", "applied")
+		v, _ := mt(b.scrape()).value("pgscribe_events_total", "outcome", "applied")
 		return v >= 20
 	})
 	b.waitMetric(time.Minute, "b caught up", "pgscribe_backlog_events", func(v float64) bool { return v == 0 })

@@ -3,9 +3,10 @@ package integration
 // Tests of the operator controls (issue 14): pause and resume across a
 // failover, pause during a backfill, resume after a halt without a restart,
 // dead-letter retry after the cause is fixed, discard. They use the fault
-// tests' helpers (faults_helpers_test.go): faultProjection, newFaultEnv,
-// startFault, start, appendEvents, startWriter, waitAccounted, check,
-// checkAccounting, sameRows, scalar, exec, metric, waitHalted, waitLog.
+// tests' helpers (faults_helpers_test.go: faultProjection and check,
+// newFaultEnv, startFault, start, appendEvents, startWriter, checkAccounting,
+// scalar, exec, waitHalted) and the harness's node, waitFor, waitAccounted
+// and sameRows.
 
 import (
 	"bytes"
@@ -77,10 +78,10 @@ func (e *faultEnv) opStatus(t *testing.T, projection string) opStatus {
 
 // waitMetric waits until the process reports the metric of projection at
 // want.
-func waitMetric(t *testing.T, p *faultProc, name, projection string, want float64, timeout time.Duration) {
+func waitMetric(t *testing.T, p *node, name, projection string, want float64, timeout time.Duration) {
 	t.Helper()
 	waitFor(t, timeout, fmt.Sprintf("%s{projection=%q} = %v", name, projection, want), func() bool {
-		return p.metric(t, name, projLabels(projection)) == want
+		return p.metric(name, projLabels(projection)) == want
 	})
 }
 
@@ -136,13 +137,13 @@ func TestOperatorPauseFailover(t *testing.T) {
 	}
 	waitMetric(t, a, "pgscribe_paused", "pz", 1, 10*time.Second)
 	t.Logf("paused %.2fs after the command", time.Since(asked).Seconds())
-	if v := a.metric(t, "pgscribe_halted", projLabels("pz")); v != 0 {
+	if v := a.metric("pgscribe_halted", projLabels("pz")); v != 0 {
 		t.Errorf("pgscribe_halted = %v while paused, want 0", v)
 	}
-	if code, _ := a.get(t, "/healthz"); code != http.StatusOK {
+	if code, _ := a.get("/healthz"); code != http.StatusOK {
 		t.Errorf("/healthz = %d while paused, want 200", code)
 	}
-	if code, _ := a.get(t, "/readyz"); code != http.StatusServiceUnavailable {
+	if code, _ := a.get("/readyz"); code != http.StatusServiceUnavailable {
 		t.Errorf("/readyz = %d while paused, want 503", code)
 	}
 	held := e.accounted(t, "pz")
@@ -154,12 +155,9 @@ func TestOperatorPauseFailover(t *testing.T) {
 
 	// kill -9 the paused active node: the standby takes the lock, and stays
 	// paused.
-	if err := a.cmd.Process.Kill(); err != nil {
-		t.Fatal(err)
-	}
-	<-a.done
+	a.kill()
 	waitMetric(t, b, "pgscribe_paused", "pz", 1, waitLong)
-	if v := b.metric(t, "pgscribe_active", projLabels("pz")); v != 1 {
+	if v := b.metric("pgscribe_active", projLabels("pz")); v != 1 {
 		t.Errorf("standby pgscribe_active = %v after the takeover, want 1", v)
 	}
 	e.holdsStill(t, "pz", held, 1500*time.Millisecond, w)
@@ -172,7 +170,7 @@ func TestOperatorPauseFailover(t *testing.T) {
 	if !strings.Contains(out, "resumed pz v1") {
 		t.Errorf("resume said %q", out)
 	}
-	e.waitAccounted(t, b, "pz", waitLong)
+	waitAccounted(t, e.pool, waitLong, "pz", 1, b.broken)
 	waitMetric(t, b, "pgscribe_paused", "pz", 0, 10*time.Second)
 	proj.check(t, e)
 	e.checkAccounting(t, "pz")
@@ -212,7 +210,7 @@ func TestOperatorPauseBackfill(t *testing.T) {
 		t.Errorf("status: state %s during a paused backfill, want paused", st.State)
 	}
 	e.operate(t, 0, "resume", "-projection", "pb", "-version", "1")
-	e.waitAccounted(t, p, "pb", waitLong)
+	waitAccounted(t, e.pool, waitLong, "pb", 1, p.broken)
 	if p.findLog(logMsg("backfill started", "pb")) == nil || p.countLog(logMsg("backfill started", "pb")) != 1 {
 		t.Errorf("the backfill started %d times, want once (a pause keeps its snapshot)", p.countLog(logMsg("backfill started", "pb")))
 	}
@@ -229,7 +227,7 @@ func TestOperatorResumeAfterHalt(t *testing.T) {
 	e, p := startFault(t, 10, "", []faultEvent{ev("a", "Tick", 1), ev("b", "Tick", 2)}, proj)
 	e.exec(t, `ALTER TABLE hz_rows RENAME COLUMN v TO v_gone`)
 	e.appendEvents(t, ev("a", "Tick", 3), ev("c", "Tick", 4))
-	p.waitHalted(t, "hz", "42703")
+	p.waitHalted("hz", "42703")
 	if st := e.opStatus(t, "hz"); st.State != "halted" {
 		t.Fatalf("status: state %s, want halted", st.State)
 	}
@@ -239,11 +237,11 @@ func TestOperatorResumeAfterHalt(t *testing.T) {
 	if !strings.Contains(out, "retries the halted work") {
 		t.Errorf("resume said %q", out)
 	}
-	e.waitAccounted(t, p, "hz", waitLong)
+	waitAccounted(t, e.pool, waitLong, "hz", 1, p.broken)
 	if p.exited() {
-		t.Fatalf("pgscribe exited: %v", p.exitErr())
+		t.Fatalf("pgscribe exited: %v", p.err())
 	}
-	p.waitLog(t, 10*time.Second, "the resume", logMsg("resume requested by an operator", "hz"))
+	p.waitLog(10*time.Second, "the resume", logMsg("resume requested by an operator", "hz"))
 	waitMetric(t, p, "pgscribe_halted", "hz", 0, 10*time.Second)
 	proj.check(t, e)
 	e.checkAccounting(t, "hz")
@@ -258,14 +256,9 @@ func TestOperatorResumeAfterHalt(t *testing.T) {
 func TestOperatorRetryAfterWidening(t *testing.T) {
 	t.Parallel()
 	const kind = "commit:22001 (string_data_right_truncation)"
-	proj := faultProjection{name: "rz", types: []string{"Tick", "Named"}, extra: `
-  [[projection.rule]]
-  name = "name"
-  on   = "Named"
-  op   = "insert"
-  table = "rz_names"
-  set  = { event_id = "id", name = "data.name" }
-`}
+	proj := faultProjection{name: "rz", types: []string{"Tick", "Named"}, extra: []rule{
+		{name: "name", on: "Named", op: "insert", table: "rz_names", set: `event_id = "id", name = "data.name"`},
+	}}
 	named := func(stream, name, expect string) faultEvent {
 		return faultEvent{stream: stream, typ: "Named", data: map[string]any{"v": 9, "name": name}, expect: expect}
 	}
@@ -311,15 +304,15 @@ func TestOperatorRetryAfterWidening(t *testing.T) {
 	if !strings.Contains(out, "3 dead letter(s) retried") || !strings.Contains(out, "3 applied, 0 failed again") {
 		t.Errorf("retry said %q", out)
 	}
-	e.waitAccounted(t, p, "rz", waitLong)
+	waitAccounted(t, e.pool, waitLong, "rz", 1, p.broken)
 
 	// The expectation: every event except the discarded one.
 	keep := `metadata->>'expect' IS NULL OR stream_id <> 'p4'`
-	e.sameRows(t, "rz_rows", `SELECT event_id::text, stream_id, stream_position, v FROM rz_rows`,
+	sameRows(t, e.pool, "rz_rows", `SELECT event_id::text, stream_id, stream_position, v FROM rz_rows`,
 		`SELECT id::text, stream_id, stream_position, (data->>'v')::bigint FROM events WHERE `+keep)
-	e.sameRows(t, "rz_trail", `SELECT stream_id, positions FROM rz_trail`,
+	sameRows(t, e.pool, "rz_trail", `SELECT stream_id, positions FROM rz_trail`,
 		`SELECT stream_id, array_agg(stream_position ORDER BY stream_position) FROM events WHERE `+keep+` GROUP BY stream_id`)
-	e.sameRows(t, "rz_names", `SELECT event_id::text, name FROM rz_names`,
+	sameRows(t, e.pool, "rz_names", `SELECT event_id::text, name FROM rz_names`,
 		`SELECT id::text, data->>'name' FROM events WHERE type = 'Named' AND (`+keep+`)`)
 	if got, want := e.accounted(t, "rz"), e.events(t); got != want {
 		t.Errorf("conservation: %d events, %d accounted", want, got)
@@ -343,11 +336,11 @@ func (e *faultEnv) conserved(t *testing.T, projection string) (all, parked int64
 	return all, parked
 }
 
-func (e *faultEnv) waitConserved(t *testing.T, p *faultProc, projection string) {
+func (e *faultEnv) waitConserved(t *testing.T, p *node, projection string) {
 	t.Helper()
 	waitFor(t, waitLong, projection+" accounting for every event", func() bool {
 		if p.exited() {
-			t.Fatalf("pgscribe exited: %v", p.exitErr())
+			t.Fatalf("pgscribe exited: %v", p.err())
 		}
 		all, _ := e.conserved(t, projection)
 		return all == e.events(t)
@@ -365,23 +358,10 @@ func (e *faultEnv) waitConserved(t *testing.T, p *faultProc, projection string) 
 func TestOperatorParkRetryInOrder(t *testing.T) {
 	t.Parallel()
 	const kind = "commit:22001 (string_data_right_truncation)"
-	proj := faultProjection{name: "pk", onError: "park", types: []string{"Tick", "Named"}, extra: `
-  [[projection.rule]]
-  name  = "last"
-  on    = ["Tick", "Named"]
-  op    = "upsert"
-  table = "pk_last"
-  key   = { stream_id = "stream_id" }
-  set   = { v = "data.v" }
-
-  [[projection.rule]]
-  name  = "name"
-  on    = "Named"
-  op    = "upsert"
-  table = "pk_names"
-  key   = { stream_id = "stream_id" }
-  set   = { name = "data.name" }
-`}
+	proj := faultProjection{name: "pk", onError: "park", types: []string{"Tick", "Named"}, extra: []rule{
+		{name: "last", on: "Tick,Named", op: "upsert", table: "pk_last", key: `stream_id = "stream_id"`, set: `v = "data.v"`},
+		{name: "name", on: "Named", op: "upsert", table: "pk_names", key: `stream_id = "stream_id"`, set: `name = "data.name"`},
+	}}
 	named := func(stream, name string, v int64, expect string) faultEvent {
 		return faultEvent{stream: stream, typ: "Named", data: map[string]any{"v": v, "name": name}, expect: expect}
 	}
@@ -407,10 +387,7 @@ CREATE TABLE pk_names (stream_id text PRIMARY KEY, name varchar(5) NOT NULL)`
 	}
 	// kill -9 in the middle of the load, with more events for the parked
 	// streams arriving meanwhile.
-	if err := p.cmd.Process.Kill(); err != nil {
-		t.Fatal(err)
-	}
-	<-p.done
+	p.kill()
 	for i := range 5 {
 		e.appendEvents(t, ev("pk-1", "Tick", int64(40+i)), ev("pk-2", "Tick", int64(50+i)), ev("pk-3", "Tick", int64(60+i)))
 	}
@@ -421,7 +398,7 @@ CREATE TABLE pk_names (stream_id text PRIMARY KEY, name varchar(5) NOT NULL)`
 	}
 	// Held means not applied: the parked streams' trails stop before their
 	// dead letters.
-	e.sameRows(t, "parked trails", `SELECT stream_id, positions FROM pk_trail WHERE stream_id LIKE 'pk-%'`,
+	sameRows(t, e.pool, "parked trails", `SELECT stream_id, positions FROM pk_trail WHERE stream_id LIKE 'pk-%'`,
 		`SELECT stream_id, array_agg(stream_position ORDER BY stream_position) FROM events
 WHERE stream_id LIKE 'pk-%' AND stream_position < (SELECT min(stream_position) FROM events x WHERE x.stream_id = events.stream_id AND x.metadata ? 'expect')
 GROUP BY stream_id`)
@@ -447,13 +424,13 @@ GROUP BY stream_id`)
 	e.waitConserved(t, p, "pk")
 
 	keep := `NOT (stream_id = 'pk-3' AND metadata ? 'expect')`
-	e.sameRows(t, "pk_rows", `SELECT event_id::text, stream_id, stream_position, v FROM pk_rows`,
+	sameRows(t, e.pool, "pk_rows", `SELECT event_id::text, stream_id, stream_position, v FROM pk_rows`,
 		`SELECT id::text, stream_id, stream_position, (data->>'v')::bigint FROM events WHERE `+keep)
-	e.sameRows(t, "pk_trail (stream order)", `SELECT stream_id, positions FROM pk_trail`,
+	sameRows(t, e.pool, "pk_trail (stream order)", `SELECT stream_id, positions FROM pk_trail`,
 		`SELECT stream_id, array_agg(stream_position ORDER BY stream_position) FROM events WHERE `+keep+` GROUP BY stream_id`)
-	e.sameRows(t, "pk_last (set: the last event wins)", `SELECT stream_id, v FROM pk_last`,
+	sameRows(t, e.pool, "pk_last (set: the last event wins)", `SELECT stream_id, v FROM pk_last`,
 		`SELECT DISTINCT ON (stream_id) stream_id, (data->>'v')::bigint FROM events WHERE `+keep+` ORDER BY stream_id, stream_position DESC`)
-	e.sameRows(t, "pk_names", `SELECT stream_id, name FROM pk_names`,
+	sameRows(t, e.pool, "pk_names", `SELECT stream_id, name FROM pk_names`,
 		`SELECT DISTINCT ON (stream_id) stream_id, data->>'name' FROM events WHERE type = 'Named' AND `+keep+` ORDER BY stream_id, stream_position DESC`)
 	all, parked := e.conserved(t, "pk")
 	if all != e.events(t) || parked != 0 {

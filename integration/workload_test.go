@@ -11,7 +11,6 @@ package integration
 // what pgscribe wrote.
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -19,13 +18,10 @@ import (
 	"maps"
 	"math/rand/v2"
 	"os"
-	"os/exec"
 	"path/filepath"
-	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"testing"
 	"time"
 
@@ -51,7 +47,7 @@ const (
 type coreProjection struct {
 	name    string
 	version int
-	rules   string // TOML: the [[projection.rule]] blocks
+	rules   []rule
 	ddl     string // read-model tables, idempotent
 	// expected and actual return the same columns: the read model computed
 	// from the events table, and the read model pgscribe wrote.
@@ -79,47 +75,18 @@ func balancesProjection() coreProjection {
 	return coreProjection{
 		name:    "balances",
 		version: 1,
-		rules: `
-  [[projection.rule]]
-  name  = "open"
-  on    = "AccountOpened"
-  when  = "data.initial >= 0"
-  op    = "upsert"
-  table = "balances"
-  key   = { account_id = "data.account_id" }
-  set   = { owner = "data.owner", balance = "data.initial", closed = "false", updated_at = "occurred_at" }
-
-  [[projection.rule]]
-  name    = "negative_opening"
-  on      = "AccountOpened"
-  when    = "data.initial < 0"
-  op      = "fail"
-  message = "'negative initial balance: ' + string(data.initial)"
-
-  [[projection.rule]]
-  name  = "move"
-  on    = ["Deposited", "Withdrawn"]
-  op    = "update"
-  table = "balances"
-  key   = { account_id = "data.account_id" }
-  inc   = { balance = "type == 'Deposited' ? data.amount : -data.amount" }
-  set   = { updated_at = "occurred_at" }
-
-  [[projection.rule]]
-  name    = "non_positive_amount"
-  on      = ["Deposited", "Withdrawn"]
-  when    = "data.amount <= 0"
-  op      = "fail"
-  message = "'non-positive amount in ' + type + ': ' + string(data.amount)"
-
-  [[projection.rule]]
-  name  = "close"
-  on    = "AccountClosed"
-  op    = "update"
-  table = "balances"
-  key   = { account_id = "data.account_id" }
-  set   = { closed = "true", updated_at = "occurred_at" }
-`,
+		rules: []rule{
+			{name: "open", on: "AccountOpened", when: "data.initial >= 0", op: "upsert", table: "balances", key: accountKey,
+				set: `owner = "data.owner", balance = "data.initial", closed = "false", updated_at = "occurred_at"`},
+			{name: "negative_opening", on: "AccountOpened", when: "data.initial < 0", op: "fail",
+				message: "'negative initial balance: ' + string(data.initial)"},
+			{name: "move", on: "Deposited,Withdrawn", op: "update", table: "balances", key: accountKey,
+				inc: balanceMove, set: `updated_at = "occurred_at"`},
+			{name: "non_positive_amount", on: "Deposited,Withdrawn", when: "data.amount <= 0", op: "fail",
+				message: "'non-positive amount in ' + type + ': ' + string(data.amount)"},
+			{name: "close", on: "AccountClosed", op: "update", table: "balances", key: accountKey,
+				set: `closed = "true", updated_at = "occurred_at"`},
+		},
 		// The workload opens each account once, at stream position 1, with
 		// account_id = stream_id.
 		expected: `SELECT data->>'account_id' AS account_id,
@@ -148,14 +115,8 @@ func activityProjection() coreProjection {
 	return coreProjection{
 		name:    "activity",
 		version: 1,
-		rules: `
-  [[projection.rule]]
-  name  = "record"
-  on    = ["AccountOpened", "Deposited", "Withdrawn", "AccountClosed"]
-  op    = "insert"
-  table = "account_activity"
-  set   = { event_id = "id", account_id = "data.account_id", type = "type", amount = "data?.amount ?? data?.initial ?? 0", occurred_at = "occurred_at" }
-`,
+		rules: []rule{{name: "record", on: "AccountOpened,Deposited,Withdrawn,AccountClosed", op: "insert", table: "account_activity",
+			set: `event_id = "id", account_id = "data.account_id", type = "type", amount = "data?.amount ?? data?.initial ?? 0", occurred_at = "occurred_at"`}},
 		expected: `SELECT id AS event_id, data->>'account_id' AS account_id, type,
 	coalesce((data->>'amount')::bigint, (data->>'initial')::bigint, 0) AS amount, occurred_at
 FROM events WHERE type IN ('AccountOpened', 'Deposited', 'Withdrawn', 'AccountClosed')`,
@@ -172,15 +133,9 @@ func streamStatsProjection() coreProjection {
 	return coreProjection{
 		name:    "stream_stats",
 		version: 2,
-		rules: `
-  [[projection.rule]]
-  name  = "count"
-  op    = "upsert"
-  table = "stream_stats"
-  key   = { stream_id = "stream_id" }
-  set   = { last_type = "type", last_stream_position = "stream_position", last_position = "position" }
-  inc   = { events = "1", total = "data?.amount ?? 0" }
-`,
+		rules: []rule{{name: "count", op: "upsert", table: "stream_stats", key: `stream_id = "stream_id"`,
+			set: `last_type = "type", last_stream_position = "stream_position", last_position = "position"`,
+			inc: `events = "1", total = "data?.amount ?? 0"`}},
 		ddl: `CREATE TABLE IF NOT EXISTS stream_stats (
 	stream_id            text   PRIMARY KEY,
 	events               bigint NOT NULL,
@@ -200,8 +155,7 @@ FROM events GROUP BY stream_id`,
 }
 
 func (p coreProjection) toml() string {
-	return fmt.Sprintf("\n[[projection]]\nname     = %q\nversion  = %d\non_error = \"dead_letter\"\n%s",
-		p.name, p.version, p.rules)
+	return projectionTOML(p.name, p.version, "dead_letter", p.rules...)
 }
 
 // rig is one test's deployment of pgscribe: a fresh database with the events
@@ -218,7 +172,7 @@ type rig struct {
 	projs  []coreProjection
 
 	mu    sync.Mutex
-	procs []*scribe
+	procs []*node
 }
 
 var rigSeq atomic.Int64
@@ -262,12 +216,8 @@ func newRig(t *testing.T, projs []coreProjection, engine map[string]string) *rig
 		t.Fatal(err)
 	}
 	t.Cleanup(r.pool.Close)
-	// Registered after newDatabase's cleanup, so it runs first: every
-	// process is gone before the database is dropped.
-	t.Cleanup(r.cleanup)
-
 	r.writeConfig()
-	r.migrate()
+	migrate(t, r.config)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	schema, err := os.ReadFile("../examples/demo/schema.sql")
@@ -300,34 +250,15 @@ func (r *rig) setProjections(projs ...coreProjection) {
 
 func (r *rig) writeConfig() {
 	r.t.Helper()
-	var b strings.Builder
-	fmt.Fprintf(&b, "[database]\nurl = %q\n\n", r.dsn)
-	fmt.Fprintf(&b, "[source]\nslot_prefix = %q\n\n", r.prefix)
-	b.WriteString("[engine]\n")
-	for _, k := range slices.Sorted(maps.Keys(r.engine)) {
-		fmt.Fprintf(&b, "%s = %s\n", k, r.engine[k])
-	}
-	b.WriteString("\n[retry]\nmax_attempts = 5\nbackoff = \"100ms\"\nmax_backoff = \"2s\"\n")
-	b.WriteString("\n[metrics]\nlisten = \"off\"\n\n[log]\nlevel = \"info\"\n")
+	// Text logs: the tests wait for lines such as
+	// msg="backfill started" projection=balances.
+	c := newConfig(r.dsn, r.prefix).with("engine", r.engine).with("retry", map[string]string{
+		"max_attempts": "5", "backoff": `"100ms"`, "max_backoff": `"2s"`,
+	}).set("metrics", "listen", `"off"`).set("log", "format", `"text"`).set("log", "level", `"info"`)
 	for _, p := range r.projs {
-		b.WriteString(p.toml())
+		c.add(p.toml())
 	}
-	r.config = filepath.Join(r.dir, "pgscribe.toml")
-	if err := os.WriteFile(r.config, []byte(b.String()), 0o600); err != nil {
-		r.t.Fatal(err)
-	}
-}
-
-// migrate runs `pgscribe migrate -events-table` on the rig's database.
-func (r *rig) migrate() {
-	r.t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	cmd := exec.CommandContext(ctx, pgscribeBinary(r.t), "migrate", "-config", r.config, "-events-table")
-	out, err := cmd.CombinedOutput()
-	if err != nil {
-		r.t.Fatalf("pgscribe migrate: %v\n%s", err, out)
-	}
+	r.config = c.write(r.t, filepath.Join(r.dir, "pgscribe.toml"))
 }
 
 func (r *rig) exec(ctx context.Context, sql string, args ...any) {
@@ -337,27 +268,13 @@ func (r *rig) exec(ctx context.Context, sql string, args ...any) {
 	}
 }
 
-func (r *rig) queryInt(ctx context.Context, sql string, args ...any) int64 {
+func (r *rig) queryInt(_ context.Context, sql string, args ...any) int64 {
 	r.t.Helper()
-	var n int64
-	if err := r.pool.QueryRow(ctx, sql, args...).Scan(&n); err != nil {
-		r.t.Fatalf("%s: %v", sqlHead(sql), err)
-	}
-	return n
-}
-
-func sqlHead(s string) string {
-	s = strings.TrimSpace(s)
-	if i := strings.IndexByte(s, '\n'); i >= 0 {
-		return s[:i] + " …"
-	}
-	return s
+	return scalar[int64](r.t, r.pool, sql, args...)
 }
 
 // slot returns the replication slot name of p.
-func (r *rig) slot(p coreProjection) string {
-	return fmt.Sprintf("%s_%s_v%d", r.prefix, p.name, p.version)
-}
+func (r *rig) slot(p coreProjection) string { return slotName(r.prefix, p.name, p.version) }
 
 // seed inserts streams × perStream events in one transaction, before
 // pgscribe first starts: the backfill's material. Stream i is acct-<i>.
@@ -403,10 +320,22 @@ func (r *rig) eventCount(ctx context.Context) int64 {
 // accounted is how many events p's cursors account for (applied + skipped
 // + dead_lettered).
 func (r *rig) accounted(ctx context.Context, p coreProjection) (int64, error) {
-	var n int64
-	err := r.pool.QueryRow(ctx, `SELECT coalesce(sum(applied + skipped + dead_lettered), 0)::bigint
-		FROM pgscribe.cursors WHERE projection = $1 AND version = $2`, p.name, p.version).Scan(&n)
-	return n, err
+	return accounted(ctx, r.pool, p.name, p.version)
+}
+
+// waitApplied reads how many events p accounts for and waits until it
+// accounts for more than that plus ahead; it returns the first count.
+func (r *rig) waitApplied(ctx context.Context, p coreProjection, timeout time.Duration, ahead int64, what string) int64 {
+	r.t.Helper()
+	before, err := r.accounted(ctx, p)
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	r.waitUntil(timeout, what, func(ctx context.Context) (bool, error) {
+		n, err := r.accounted(ctx, p)
+		return n > before+ahead, err
+	})
+	return before
 }
 
 // phase is p's watermark phase ("" before the first backfill starts).
@@ -420,38 +349,17 @@ func (r *rig) phase(ctx context.Context, p coreProjection) (string, error) {
 	return phase, err
 }
 
-// waitUntil polls cond every 50ms until it holds, failing t at the deadline,
-// on an error, or as soon as a running pgscribe process exits or halts a
-// projection (nothing would change any more).
+// waitUntil is the harness's waitUntil that also fails as soon as a
+// pgscribe process of the rig exits unasked or halts a projection.
 func (r *rig) waitUntil(timeout time.Duration, what string, cond func(ctx context.Context) (bool, error)) {
 	r.t.Helper()
-	if !r.poll(timeout, what, cond) {
-		r.t.Fatalf("timed out after %s waiting for %s", timeout, what)
-	}
+	waitUntil(r.t, timeout, what, cond, r.brokenProcess)
 }
 
 // poll is waitUntil that reports a timeout instead of failing on it.
 func (r *rig) poll(timeout time.Duration, what string, cond func(ctx context.Context) (bool, error)) bool {
 	r.t.Helper()
-	deadline := time.Now().Add(timeout)
-	for {
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		ok, err := cond(ctx)
-		cancel()
-		if err != nil {
-			r.t.Fatalf("waiting for %s: %v", what, err)
-		}
-		if ok {
-			return true
-		}
-		if p := r.brokenProcess(); p != "" {
-			r.t.Fatalf("waiting for %s: %s", what, p)
-		}
-		if time.Now().After(deadline) {
-			return false
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+	return poll(r.t, timeout, what, cond, r.brokenProcess)
 }
 
 // waitCaughtUp waits until every projection accounts for every event in
@@ -550,38 +458,11 @@ func (r *rig) verify() {
 	}
 }
 
-// diff fails t with a sample of the rows that differ between the results
-// of the expected and actual queries (which share args), compared as sets
-// both ways, and when their row counts differ.
-func (r *rig) diff(ctx context.Context, what, expected, actual string, args ...any) {
+// diff fails t when the rows of the expected and actual queries (which
+// share args) differ.
+func (r *rig) diff(_ context.Context, what, expected, actual string, args ...any) {
 	r.t.Helper()
-	q := `SELECT side, row FROM (
-		SELECT 'missing' AS side, d::text AS row FROM ((` + expected + `) EXCEPT (` + actual + `)) d
-		UNION ALL
-		SELECT 'unexpected', d::text FROM ((` + actual + `) EXCEPT (` + expected + `)) d) x
-	ORDER BY row LIMIT 20`
-	rows, err := r.pool.Query(ctx, q, args...)
-	if err != nil {
-		r.t.Fatalf("%s: compare: %v", what, err)
-	}
-	diffs, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (string, error) {
-		var side, text string
-		err := row.Scan(&side, &text)
-		return side + " " + text, err
-	})
-	if err != nil {
-		r.t.Fatalf("%s: compare: %v", what, err)
-	}
-	var ne, na int64
-	err = r.pool.QueryRow(ctx, `SELECT (SELECT count(*) FROM (`+expected+`) e), (SELECT count(*) FROM (`+actual+`) a)`,
-		args...).Scan(&ne, &na)
-	if err != nil {
-		r.t.Fatalf("%s: count: %v", what, err)
-	}
-	if len(diffs) > 0 || ne != na {
-		r.t.Errorf("%s: %d rows expected, %d rows found; differences (first 20):\n  %s",
-			what, ne, na, strings.Join(diffs, "\n  "))
-	}
+	sameRows(r.t, r.pool, what, actual, expected, args...)
 }
 
 // outOfOrderCommits counts events committed before an event of lower
@@ -692,7 +573,7 @@ func (r *rig) checkNotAhead(what string, a *appender) (covered int) {
 // waitStreaming waits until every projection of the rig is live: phase
 // live in its watermark, and s logged the state (a restarted process
 // resumes from the slot without changing the stored phase).
-func (r *rig) waitStreaming(s *scribe, timeout time.Duration) {
+func (r *rig) waitStreaming(s *node, timeout time.Duration) {
 	r.t.Helper()
 	r.waitUntil(timeout, "every projection to stream", func(ctx context.Context) (bool, error) {
 		for _, p := range r.projs {
@@ -700,7 +581,7 @@ func (r *rig) waitStreaming(s *scribe, timeout time.Duration) {
 				return false, err
 			}
 		}
-		return s.log.count("state=live") >= len(r.projs), nil
+		return s.logText("state=live") >= len(r.projs), nil
 	})
 }
 
@@ -913,7 +794,11 @@ func (a *appender) appendTxn(ctx context.Context, streams []string, kinds []int,
 	if linger > 0 {
 		time.Sleep(linger) // widen the window in which later positions commit first
 	}
-	if err := tx.Commit(ctx); err != nil {
+	// The commit is never cut short by stop: a COMMIT abandoned mid-flight
+	// can still land after stop returned and the test counted the table.
+	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+	defer cancel()
+	if err := tx.Commit(cctx); err != nil {
 		return err
 	}
 	a.events.Add(int64(len(streams)))
@@ -990,129 +875,27 @@ func (r *rig) appendEvent(ctx context.Context, q interface {
 	return e
 }
 
-// scribe is a `pgscribe run` child process of the rig.
-type scribe struct {
-	r      *rig
-	n      int // 1 for the rig's first process, …
-	cmd    *exec.Cmd
-	log    *scribeLog
-	exited chan struct{} // closed when the process has been waited for
-	state  *os.ProcessState
-	// expectExit is set before the test stops or kills the process, so
-	// that waitUntil does not report the exit as a failure.
-	expectExit atomic.Bool
-}
-
-// scribeLog is a bytes.Buffer safe for the concurrent writes of os/exec
-// and reads of the test.
-type scribeLog struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *scribeLog) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *scribeLog) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
-
-func (b *scribeLog) contains(s string) bool {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return bytes.Contains(b.buf.Bytes(), []byte(s))
-}
-
-func (b *scribeLog) count(s string) int {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return bytes.Count(b.buf.Bytes(), []byte(s))
-}
-
-// start starts `pgscribe run` on the rig's config, its stderr captured.
-func (r *rig) start() *scribe {
+// start starts `pgscribe run` on the rig's config.
+func (r *rig) start() *node {
 	r.t.Helper()
-	cmd := exec.Command(pgscribeBinary(r.t), "run", "-config", r.config)
-	cmd.Env = append(os.Environ(), "GORACE=halt_on_error=0")
-	s := &scribe{r: r, cmd: cmd, log: &scribeLog{}, exited: make(chan struct{})}
-	cmd.Stdout = s.log
-	cmd.Stderr = s.log
-	if err := cmd.Start(); err != nil {
-		r.t.Fatalf("start pgscribe: %v", err)
-	}
+	r.mu.Lock()
+	name := fmt.Sprintf("pgscribe-%d", len(r.procs)+1)
+	r.mu.Unlock()
+	s := newNode(r.t, name, r.config)
+	s.noListener = true // [metrics] listen = "off"
+	s.start()
 	r.mu.Lock()
 	r.procs = append(r.procs, s)
-	s.n = len(r.procs)
 	r.mu.Unlock()
-	go func() {
-		_ = cmd.Wait()
-		s.state = cmd.ProcessState
-		close(s.exited)
-	}()
 	return s
 }
 
-func (s *scribe) running() bool {
-	select {
-	case <-s.exited:
-		return false
-	default:
-		return true
-	}
-}
-
-// waitLog waits until the process has logged substr.
-func (s *scribe) waitLog(timeout time.Duration, substr string) {
-	s.r.t.Helper()
-	s.r.waitUntil(timeout, fmt.Sprintf("pgscribe #%d to log %q", s.n, substr), func(context.Context) (bool, error) {
-		return s.log.contains(substr), nil
+// waitLog waits until s has logged substr k times.
+func (r *rig) waitLog(s *node, timeout time.Duration, substr string, k int) {
+	r.t.Helper()
+	r.waitUntil(timeout, fmt.Sprintf("%s to log %q %d times", s.name, substr, k), func(context.Context) (bool, error) {
+		return s.logText(substr) >= k, nil
 	})
-}
-
-// waitLogCount waits until the process has logged substr n times.
-func (s *scribe) waitLogCount(timeout time.Duration, substr string, n int) {
-	s.r.t.Helper()
-	s.r.waitUntil(timeout, fmt.Sprintf("pgscribe #%d to log %q %d times", s.n, substr, n), func(context.Context) (bool, error) {
-		return s.log.count(substr) >= n, nil
-	})
-}
-
-// kill sends SIGKILL and waits for the process to be gone.
-func (s *scribe) kill() {
-	s.r.t.Helper()
-	s.expectExit.Store(true)
-	_ = s.cmd.Process.Signal(syscall.SIGKILL)
-	select {
-	case <-s.exited:
-	case <-time.After(30 * time.Second):
-		s.r.t.Fatalf("pgscribe #%d still running 30s after SIGKILL", s.n)
-	}
-}
-
-// terminate sends SIGTERM and requires a clean exit (code 0) within
-// timeout. It returns how long the stop took.
-func (s *scribe) terminate(timeout time.Duration) time.Duration {
-	s.r.t.Helper()
-	s.expectExit.Store(true)
-	start := time.Now()
-	if err := s.cmd.Process.Signal(syscall.SIGTERM); err != nil {
-		s.r.t.Fatalf("SIGTERM pgscribe #%d: %v", s.n, err)
-	}
-	select {
-	case <-s.exited:
-	case <-time.After(timeout):
-		s.r.t.Fatalf("pgscribe #%d still running %s after SIGTERM", s.n, timeout)
-	}
-	took := time.Since(start)
-	if code := s.state.ExitCode(); code != 0 {
-		s.r.t.Fatalf("pgscribe #%d exited with code %d after SIGTERM (%s), want 0", s.n, code, s.state)
-	}
-	return took
 }
 
 // brokenProcess describes the first pgscribe process of the rig that exited
@@ -1121,53 +904,23 @@ func (r *rig) brokenProcess() string {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	for _, s := range r.procs {
-		if !s.running() && !s.expectExit.Load() {
-			return fmt.Sprintf("pgscribe #%d exited unexpectedly (%s)", s.n, s.state)
-		}
-		if s.log.contains("projection halted") {
-			return fmt.Sprintf("pgscribe #%d halted a projection", s.n)
+		if why := s.brokenOrHalted(); why != "" {
+			return why
 		}
 	}
 	return ""
 }
 
-// cleanup kills the processes still running, fails the test on a data race
-// or panic in any of them, and on failure logs the tail of every process's
-// output (and saves the whole of it).
-func (r *rig) cleanup() {
-	r.mu.Lock()
-	procs := append([]*scribe(nil), r.procs...)
-	r.mu.Unlock()
-	for _, s := range procs {
-		if s.running() {
-			s.expectExit.Store(true)
-			_ = s.cmd.Process.Signal(syscall.SIGKILL)
-			<-s.exited
-		}
-	}
-	for _, s := range procs {
-		out := s.log.String()
-		for _, bad := range []string{"WARNING: DATA RACE", "panic:", "fatal error:"} {
-			if strings.Contains(out, bad) {
-				r.t.Errorf("pgscribe #%d output contains %q", s.n, bad)
-			}
-		}
-	}
-	if !r.t.Failed() {
-		return
-	}
-	for _, s := range procs {
-		out := s.log.String()
-		path := filepath.Join(os.TempDir(), fmt.Sprintf("%s-pgscribe-%d.log", strings.ReplaceAll(r.t.Name(), "/", "_"), s.n))
-		if err := os.WriteFile(path, []byte(out), 0o644); err == nil {
-			r.t.Logf("pgscribe #%d: full output in %s", s.n, path)
-		}
-		lines := strings.Split(strings.TrimRight(out, "\n"), "\n")
-		if len(lines) > 60 {
-			lines = lines[len(lines)-60:]
-		}
-		r.t.Logf("pgscribe #%d (%s), last lines:\n%s", s.n, s.state, strings.Join(lines, "\n"))
-	}
+// newLoadRig is the start of the load tests: a rig running balances and
+// activity, seeded with streams × perStream events, and an appender (not
+// started) over streams+extra streams pausing pause between transactions.
+// rng is the test's random source: stream k of the logged seed.
+func newLoadRig(t *testing.T, streams, perStream, extra int, pause time.Duration, k uint64) (r *rig, a *appender, seed uint64, rng *rand.Rand) {
+	t.Helper()
+	r = newRig(t, []coreProjection{balancesProjection(), activityProjection()}, nil)
+	seed = seedFromEnv(t)
+	r.seed(streams, perStream)
+	return r, newAppender(r, streams+extra, pause), seed, rand.New(rand.NewPCG(seed, k))
 }
 
 // seedFromEnv returns the seed of a randomised test, from

@@ -33,6 +33,8 @@ type Metrics struct {
 	WatermarkTime *prometheus.GaugeVec
 	SlotRetained  *prometheus.GaugeVec
 	ProbeErrors   *prometheus.CounterVec
+	RowsMissing   *prometheus.CounterVec
+	Retries       *prometheus.CounterVec
 
 	tailsMu sync.Mutex
 	tails   map[string]*sharedTail // event counts by source table, shared by the projections' probes
@@ -89,13 +91,17 @@ func NewMetrics(reg prometheus.Registerer, version string) *Metrics {
 			Help: "Source server WAL LSN minus the slot's restart_lsn: WAL the slot keeps on disk."}, pv),
 		ProbeErrors: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "pgscribe_lag_probe_errors_total",
 			Help: "Lag measurements that could not read PostgreSQL."}, pv),
+		RowsMissing: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "pgscribe_rows_missing_total",
+			Help: "Committed updates and deletes that matched no row, by rule."}, append(pv, "rule")),
+		Retries: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "pgscribe_batch_retries_total",
+			Help: "Batches retried after a transient failure, by SQLSTATE (40P01 deadlock, 40001 serialization …; \"connection\" for a lost connection)."}, append(pv, "sqlstate")),
 	}
 	info := prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "pgscribe_build_info",
 		Help: "Build information; always 1."}, []string{"version", "goversion"})
 	info.WithLabelValues(version, runtime.Version()).Set(1)
 	reg.MustRegister(m.Events, m.Batches, m.BatchDuration, m.BatchEvents, m.LagSeconds, m.LagBytes,
 		m.Backlog, m.WatermarkLSN, m.LastCommit, m.Active, m.Halted, m.Paused, m.DeadLetters, m.StreamGaps,
-		m.Reconnects, m.BackfillDone, m.BackfillTotal, m.WatermarkTime, m.SlotRetained, m.ProbeErrors, info)
+		m.Reconnects, m.BackfillDone, m.BackfillTotal, m.WatermarkTime, m.SlotRetained, m.ProbeErrors, m.RowsMissing, m.Retries, info)
 	return m
 }
 
@@ -164,6 +170,20 @@ func (p *Projection) DeadLettered(kind string) {
 
 // Gap counts a stream gap.
 func (p *Projection) Gap() { p.m.StreamGaps.WithLabelValues(p.name, p.ver).Inc() }
+
+// RowsMissing counts n updates or deletes of a rule that matched no row.
+func (p *Projection) RowsMissing(rule string, n int) {
+	p.m.RowsMissing.WithLabelValues(p.name, p.ver, rule).Add(float64(n))
+}
+
+// Retried counts a batch retried after a transient failure; sqlstate is
+// "" for a connection error. Only transient SQLSTATEs retry, a bounded set.
+func (p *Projection) Retried(sqlstate string) {
+	if sqlstate == "" {
+		sqlstate = "connection"
+	}
+	p.m.Retries.WithLabelValues(p.name, p.ver, sqlstate).Inc()
+}
 
 // Restarted counts a pipeline restart.
 func (p *Projection) Restarted() { p.m.Reconnects.WithLabelValues(p.name, p.ver).Inc() }

@@ -8,6 +8,7 @@ import (
 	"slices"
 	"sort"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -21,13 +22,6 @@ import (
 // expr's integer arithmetic is done in Go int; exact int64 results need a
 // 64-bit int. This constant does not compile where int is narrower.
 const _ = uint64(math.MaxInt - math.MaxInt64)
-
-// On-error policies of a projection.
-const (
-	OnErrorDeadLetter = "dead_letter"
-	OnErrorHalt       = "halt"
-	OnErrorPark       = "park" // a dead letter holds its stream's later events until retried or skipped
-)
 
 // Program is a projection's compiled rules. It is immutable and safe for
 // concurrent use by several goroutines.
@@ -49,7 +43,9 @@ type Program struct {
 
 type rule struct {
 	name    string
+	index   int // place in the projection, 0-based
 	op      event.Op
+	kind    event.Kind
 	table   string
 	when    *expression // nil: always
 	key     []column    // sorted by name
@@ -58,6 +54,8 @@ type rule struct {
 	sql     string
 	args    []expression
 	message *expression // op = fail
+
+	deadLetterIfMissing bool
 }
 
 type column struct {
@@ -97,7 +95,7 @@ func (p *Program) OnError() string { return p.onError }
 func (p *Program) Targets() []Target {
 	var ts []Target
 	for _, r := range p.rules {
-		if r.op == event.OpSQL || r.op == event.OpFail {
+		if r.kind != event.KindRow {
 			continue
 		}
 		ts = append(ts, Target{
@@ -157,12 +155,11 @@ func Compile(spec Spec) (*Program, error) {
 	if spec.Version < 0 {
 		c.fail("", "version", fmt.Errorf("version must not be negative, got %d", spec.Version))
 	}
-	switch spec.OnError {
-	case "":
+	switch {
+	case spec.OnError == "":
 		p.onError = OnErrorDeadLetter
-	case OnErrorDeadLetter, OnErrorHalt, OnErrorPark:
-	default:
-		c.fail("", "on_error", fmt.Errorf("must be %q, %q or %q, got %q", OnErrorDeadLetter, OnErrorHalt, OnErrorPark, spec.OnError))
+	case !slices.Contains(OnErrorValues, spec.OnError):
+		c.fail("", "on_error", fmt.Errorf("must be %s, got %q", quoteList(OnErrorValues), spec.OnError))
 	}
 	if len(spec.Rules) == 0 {
 		c.fail("", "rule", fmt.Errorf("projection has no rules"))
@@ -172,14 +169,7 @@ func Compile(spec Spec) (*Program, error) {
 	ons := make([][]string, len(spec.Rules))
 	for i, rs := range spec.Rules {
 		on, onErr := parseOn(rs.On)
-		name := rs.Name
-		if name == "" {
-			first := "*"
-			if len(on) > 0 {
-				first = on[0]
-			}
-			name = first + "#" + strconv.Itoa(i+1)
-		}
+		name := RuleName(i, rs)
 		if onErr != nil {
 			c.fail(name, "on", onErr)
 		}
@@ -188,7 +178,9 @@ func Compile(spec Spec) (*Program, error) {
 		}
 		seen[name] = i + 1
 		ons[i] = on
-		p.rules = append(p.rules, c.rule(name, rs))
+		r := c.rule(name, rs)
+		r.index = i
+		p.rules = append(p.rules, r)
 	}
 	if err := errors.Join(c.errs...); err != nil {
 		return nil, err
@@ -370,42 +362,22 @@ func (c *compiler) fail(rule, field string, err error) {
 	})
 }
 
-// fieldUse says which rule fields an op requires (+1) or forbids (-1);
-// 0 is optional. change > 0: the op needs a set or an inc.
-type fieldUse struct{ table, key, change, setInc, sql, message int8 }
-
-var opFields = map[event.Op]fieldUse{
-	event.OpInsert: {table: +1, change: +1, sql: -1, message: -1},
-	event.OpUpsert: {table: +1, key: +1, change: +1, sql: -1, message: -1},
-	event.OpUpdate: {table: +1, key: +1, change: +1, sql: -1, message: -1},
-	event.OpDelete: {table: +1, key: +1, setInc: -1, sql: -1, message: -1},
-	event.OpSQL:    {table: -1, key: -1, setInc: -1, sql: +1, message: -1},
-	event.OpFail:   {table: -1, key: -1, setInc: -1, sql: -1, message: +1},
-}
-
 func (c *compiler) rule(name string, rs RuleSpec) *rule {
-	r := &rule{name: name, op: event.Op(rs.Op), table: rs.Table, sql: rs.SQL}
-	if use, ok := opFields[r.op]; ok {
-		check := func(field string, use int8, present bool) {
-			switch {
-			case use > 0 && !present:
-				c.fail(name, field, fmt.Errorf("required for op %q", rs.Op))
-			case use < 0 && present:
-				c.fail(name, field, fmt.Errorf("not allowed for op %q", rs.Op))
-			}
+	r := &rule{name: name, op: event.Op(rs.Op), table: rs.Table, sql: rs.SQL,
+		deadLetterIfMissing: rs.IfMissing == IfMissingDeadLetter}
+	if op, ok := r.op.Spec(); ok {
+		r.kind = op.Kind
+		for _, p := range CheckFields(op, SpecPresence(rs)) {
+			c.fail(name, p.Field, errors.New(p.Msg))
 		}
-		check("table", use.table, rs.Table != "")
-		check("key", use.key, len(rs.Key) > 0)
-		if use.change > 0 && len(rs.Set)+len(rs.Inc) == 0 {
-			c.fail(name, "set", fmt.Errorf("set or inc required for op %q", rs.Op))
-		}
-		check("set", use.setInc, len(rs.Set) > 0)
-		check("inc", use.setInc, len(rs.Inc) > 0)
-		check("sql", use.sql, rs.SQL != "")
-		check("args", min(use.sql, 0), len(rs.Args) > 0)
-		check("message", use.message, rs.Message != "")
 	} else {
-		c.fail(name, "op", fmt.Errorf("must be insert, upsert, update, delete, sql or fail, got %q", rs.Op))
+		c.fail(name, "op", fmt.Errorf("must be one of %s, got %q", strings.Join(event.OpNames(), ", "), rs.Op))
+	}
+	if rs.IfMissing != "" && !slices.Contains(IfMissingValues, rs.IfMissing) {
+		c.fail(name, "if_missing", fmt.Errorf("must be %s, got %q", quoteList(IfMissingValues), rs.IfMissing))
+	}
+	for _, p := range CheckOverlap(rs) {
+		c.fail(name, p.Field+"."+p.Column, errors.New(p.Msg))
 	}
 
 	if rs.When != "" {
@@ -414,7 +386,6 @@ func (c *compiler) rule(name string, rs RuleSpec) *rule {
 	r.key = c.columns(name, "key", rs.Key, reflect.Invalid)
 	r.set = c.columns(name, "set", rs.Set, reflect.Invalid)
 	r.inc = c.columns(name, "inc", rs.Inc, reflect.Float64)
-	c.checkDistinct(name, r)
 	for i, a := range rs.Args {
 		// args[N] is bound to $N.
 		if e := c.expression(name, "args["+strconv.Itoa(i+1)+"]", a, reflect.Invalid); e != nil {
@@ -449,23 +420,6 @@ func (c *compiler) columns(rule, group string, m map[string]string, want reflect
 		}
 	}
 	return cols
-}
-
-// checkDistinct rejects a column named twice across key, set and inc: the
-// write would be ambiguous.
-func (c *compiler) checkDistinct(rule string, r *rule) {
-	seen := map[string]string{}
-	for _, g := range []struct {
-		name string
-		cols []column
-	}{{"key", r.key}, {"set", r.set}, {"inc", r.inc}} {
-		for _, col := range g.cols {
-			if prev, dup := seen[col.name]; dup {
-				c.fail(rule, g.name+"."+col.name, fmt.Errorf("column also in %s", prev))
-			}
-			seen[col.name] = g.name
-		}
-	}
 }
 
 // expression compiles src. want is the result kind the field requires

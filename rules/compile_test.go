@@ -144,9 +144,19 @@ func TestCompileErrors(t *testing.T) {
 			want: []CompileError{{Projection: "p", Version: 2, Rule: "f", Field: "message"}},
 		},
 		{
-			name: "insert without set or inc",
-			spec: one(RuleSpec{Name: "r", Op: "insert", Table: "t", Key: map[string]string{"id": "id"}}),
-			want: []CompileError{{Projection: "p", Version: 2, Rule: "r", Field: "set"}},
+			name: "insert without any column",
+			spec: one(RuleSpec{Name: "r", Op: "insert", Table: "t"}),
+			want: []CompileError{{Projection: "p", Version: 2, Rule: "r", Field: "key"}},
+		},
+		{
+			name: "if_missing on insert",
+			spec: one(RuleSpec{Name: "r", Op: "insert", Table: "t", Key: map[string]string{"id": "id"}, IfMissing: "ignore"}),
+			want: []CompileError{{Projection: "p", Version: 2, Rule: "r", Field: "if_missing"}},
+		},
+		{
+			name: "if_missing unknown",
+			spec: one(RuleSpec{Name: "r", Op: "delete", Table: "t", Key: map[string]string{"id": "id"}, IfMissing: "halt"}),
+			want: []CompileError{{Projection: "p", Version: 2, Rule: "r", Field: "if_missing"}},
 		},
 		{
 			name: "update without set or inc",
@@ -317,5 +327,48 @@ func TestCompileValid(t *testing.T) {
 				t.Errorf("Targets:\n got %+v\nwant %+v", got, tt.wantTargets)
 			}
 		})
+	}
+}
+
+// TestKeyOnlyWrites: insert and upsert with only a key compile, and their
+// intents carry only the key; if_missing = "dead_letter" reaches the intent.
+func TestKeyOnlyWrites(t *testing.T) {
+	p := mustCompile(t, Spec{Name: "p", Version: 1, Rules: []RuleSpec{
+		{Name: "ins", Op: "insert", Table: "members", Key: map[string]string{"id": "stream_id"}},
+		{Name: "ups", Op: "upsert", Table: "members", Key: map[string]string{"id": "stream_id"}},
+		{Name: "del", Op: "delete", Table: "members", Key: map[string]string{"id": "stream_id"}, IfMissing: IfMissingDeadLetter},
+	}})
+	ins, err := p.Eval(&event.Event{ID: "e", StreamID: "s1", Type: "T"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(ins) != 3 {
+		t.Fatalf("got %d intents, want 3", len(ins))
+	}
+	for i, in := range ins {
+		if len(in.Key) != 1 || in.Key[0].Value != "s1" || in.Set != nil || in.Inc != nil {
+			t.Errorf("intent %d = %+v, want key id = s1 only", i, in)
+		}
+		if in.DeadLetterIfMissing != (in.Rule == "del") {
+			t.Errorf("intent %d: DeadLetterIfMissing = %v", i, in.DeadLetterIfMissing)
+		}
+	}
+}
+
+// TestEveryOpHasAKind: every op of the table is evaluated by one of the
+// three kinds Eval knows, and the op list is what config offers.
+func TestEveryOpHasAKind(t *testing.T) {
+	for _, op := range event.Ops {
+		switch op.Kind {
+		case event.KindRow, event.KindStatement, event.KindReject:
+		default:
+			t.Errorf("op %q: kind %d is not evaluated", op.Op, op.Kind)
+		}
+		if op.Kind == event.KindRow && op.Table != event.Required {
+			t.Errorf("op %q writes rows but does not require a table", op.Op)
+		}
+		if s, ok := op.Op.Spec(); !ok || s != op {
+			t.Errorf("op %q: Spec() = %+v, %v", op.Op, s, ok)
+		}
 	}
 }

@@ -28,11 +28,15 @@
 // "inc.balance", "args[1]", "message", …) and the 1-based line and column
 // within the expression.
 //
-// Compile also checks each rule's shape, as the config loader does:
-// insert needs table and set or inc; upsert and update need table, key and
-// set or inc; delete needs table and key and takes no set or inc; sql needs
-// sql (args optional) and nothing else; fail needs message. A column may
-// appear in only one of key, set and inc.
+// Compile also checks each rule's fields against the op table
+// (event.Ops) with CheckFields and CheckOverlap, the functions the config
+// loader uses: insert needs table and at least one key, set or inc column;
+// upsert needs table and key (set and inc optional: a key-only upsert
+// inserts the row if absent); update needs table, key and set or inc;
+// delete needs table and key and takes no set or inc; sql needs sql (args
+// optional) and nothing else; fail needs message; if_missing ("ignore" or
+// "dead_letter") is for update and delete only. A column may appear in
+// only one of key, set and inc.
 //
 // A rule without a name is named "<type>#<index>": type is the first type
 // of its `on` ("*" when `on` is absent) and index its 1-based position

@@ -80,8 +80,8 @@ func (r *rule) eval(m *vm.VM, env map[string]any) (in event.Intent, matched bool
 		}
 	}
 
-	switch r.op {
-	case event.OpFail:
+	switch r.kind {
+	case event.KindReject:
 		v, err := m.Run(r.message.prog, env)
 		if err != nil {
 			return in, true, &EvalError{Field: r.message.field, Err: err}
@@ -94,8 +94,8 @@ func (r *rule) eval(m *vm.VM, env map[string]any) (in event.Intent, matched bool
 		}
 		return in, true, &EvalError{Err: errors.New(msg), Fail: true}
 
-	case event.OpSQL:
-		in = event.Intent{Rule: r.name, Op: r.op, SQL: r.sql}
+	case event.KindStatement:
+		in = event.Intent{Rule: r.name, RuleIndex: r.index, Op: r.op, SQL: r.sql}
 		if len(r.args) > 0 {
 			in.Args = make([]any, len(r.args))
 			for i := range r.args {
@@ -109,7 +109,7 @@ func (r *rule) eval(m *vm.VM, env map[string]any) (in event.Intent, matched bool
 		return in, true, nil
 	}
 
-	in = event.Intent{Rule: r.name, Op: r.op, Table: r.table}
+	in = event.Intent{Rule: r.name, RuleIndex: r.index, Op: r.op, Table: r.table, DeadLetterIfMissing: r.deadLetterIfMissing}
 	// One backing array for all of the intent's columns.
 	nk, ns := len(r.key), len(r.set)
 	cols := make([]event.Column, nk+ns+len(r.inc))

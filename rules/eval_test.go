@@ -266,6 +266,14 @@ func TestEval(t *testing.T) {
 					t.Fatalf("error %v (%T) is not an *EvalError", err, err)
 				}
 			}
+			// RuleIndex is checked apart: it is the rule's place, which
+			// the table's wants leave out.
+			for i := range got {
+				if r := tt.spec.Rules[got[i].RuleIndex]; RuleName(got[i].RuleIndex, r) != got[i].Rule {
+					t.Errorf("intent %d: RuleIndex %d is not rule %q", i, got[i].RuleIndex, got[i].Rule)
+				}
+				got[i].RuleIndex = 0
+			}
 			if !reflect.DeepEqual(got, tt.want) {
 				t.Errorf("intents:\n got %#v\nwant %#v", got, tt.want)
 			}

@@ -25,4 +25,7 @@ type RuleSpec struct {
 	SQL     string            `toml:"sql"`
 	Args    []string          `toml:"args"`
 	Message string            `toml:"message"`
+	// IfMissing is what an update or delete that matches no row does:
+	// IfMissingIgnore (the default; it is counted) or IfMissingDeadLetter.
+	IfMissing string `toml:"if_missing"`
 }

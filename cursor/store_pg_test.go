@@ -1,0 +1,303 @@
+package cursor_test
+
+// The store against a real PostgreSQL: one server per test binary
+// (pgtest.Main), a migrated database per test. Skipped with -short.
+
+import (
+	"context"
+	"os"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/pgscribe/pgscribe/cursor"
+	"github.com/pgscribe/pgscribe/deadletter"
+	"github.com/pgscribe/pgscribe/event"
+	"github.com/pgscribe/pgscribe/internal/pgtest"
+	"github.com/pgscribe/pgscribe/migrations"
+)
+
+func TestMain(m *testing.M) { os.Exit(pgtest.Main(m)) }
+
+// storeDB returns a pool on a fresh database whose engine schema is migrated.
+func storeDB(t *testing.T, schema string) *pgxpool.Pool {
+	t.Helper()
+	dsn := pgtest.Database(t)
+	if _, err := migrations.Apply(context.Background(), pgtest.Connect(t, dsn), schema); err != nil {
+		t.Fatalf("migrate: %v", err)
+	}
+	pool, err := pgxpool.New(context.Background(), dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	return pool
+}
+
+func mustLSN(t *testing.T, s string) event.LSN {
+	t.Helper()
+	l, err := event.ParseLSN(s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return l
+}
+
+func TestCursorAdvanceInTransaction(t *testing.T) {
+	ctx := context.Background()
+	pool := storeDB(t, "pgscribe")
+	store := cursor.New("pgscribe", "balances", 1)
+
+	if has, err := store.HasCursors(ctx, pool); err != nil || has {
+		t.Fatalf("HasCursors on a fresh version = %v, %v", has, err)
+	}
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = store.Advance(ctx, tx, []cursor.Advance{
+		{StreamID: "a", StreamPosition: 2, Position: 10, Applied: 2},
+		{StreamID: "b", StreamPosition: 1, Position: 11, Skipped: 1},
+		{StreamID: "a", StreamPosition: 3, Position: 12, DeadLettered: 1}, // same stream again: merged
+	})
+	if err != nil {
+		t.Fatalf("Advance: %v", err)
+	}
+	// Visible inside the transaction, not outside before commit.
+	got, err := store.Load(ctx, tx, []string{"a", "b", "c"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]cursor.Cursor{"a": {StreamPosition: 3, Position: 12}, "b": {StreamPosition: 1, Position: 11}}
+	if !mapsEqual(got, want) {
+		t.Errorf("Load in tx = %v, want %v", got, want)
+	}
+	if outside, err := store.Load(ctx, pool, []string{"a", "b"}); err != nil || len(outside) != 0 {
+		t.Errorf("Load outside the open tx = %v, %v; want nothing", outside, err)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+
+	// Second batch: positions replace, counts add.
+	if err := store.Advance(ctx, pool, []cursor.Advance{
+		{StreamID: "a", StreamPosition: 4, Position: 20, Applied: 1},
+		{StreamID: "c", StreamPosition: 1, Position: 21, Applied: 1},
+	}); err != nil {
+		t.Fatal(err)
+	}
+	got, err = store.Load(ctx, pool, []string{"a", "b", "c", "missing"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want = map[string]cursor.Cursor{
+		"a": {StreamPosition: 4, Position: 20},
+		"b": {StreamPosition: 1, Position: 11},
+		"c": {StreamPosition: 1, Position: 21},
+	}
+	if !mapsEqual(got, want) {
+		t.Errorf("Load = %v, want %v", got, want)
+	}
+	var applied, skipped, dead int64
+	if err := pool.QueryRow(ctx, `SELECT applied, skipped, dead_lettered FROM pgscribe.cursors
+WHERE projection = 'balances' AND version = 1 AND stream_id = 'a'`).Scan(&applied, &skipped, &dead); err != nil {
+		t.Fatal(err)
+	}
+	if applied != 3 || skipped != 0 || dead != 1 {
+		t.Errorf("stream a counts = %d/%d/%d, want 3/0/1", applied, skipped, dead)
+	}
+	totals, err := store.Totals(ctx, pool)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := (cursor.Totals{Streams: 3, Applied: 4, Skipped: 1, DeadLettered: 1}); totals != want {
+		t.Errorf("Totals = %+v, want %+v", totals, want)
+	}
+	if has, err := store.HasCursors(ctx, pool); err != nil || !has {
+		t.Errorf("HasCursors = %v, %v; want true", has, err)
+	}
+
+	// Another version and another projection see nothing of this one.
+	for _, other := range []*cursor.Store{cursor.New("pgscribe", "balances", 2), cursor.New("pgscribe", "other", 1)} {
+		if m, err := other.Load(ctx, pool, []string{"a", "b", "c"}); err != nil || len(m) != 0 {
+			t.Errorf("other store Load = %v, %v; want nothing", m, err)
+		}
+		if tot, err := other.Totals(ctx, pool); err != nil || tot != (cursor.Totals{}) {
+			t.Errorf("other store Totals = %+v, %v; want zero", tot, err)
+		}
+	}
+	if m, err := store.Load(ctx, pool, nil); err != nil || len(m) != 0 {
+		t.Errorf("Load(nil) = %v, %v", m, err)
+	}
+	if err := store.Advance(ctx, pool, nil); err != nil {
+		t.Errorf("Advance(nil) = %v", err)
+	}
+}
+
+func mapsEqual(a, b map[string]cursor.Cursor) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for k, v := range a {
+		if w, ok := b[k]; !ok || w != v {
+			return false
+		}
+	}
+	return true
+}
+
+func TestCursorRollbackLeavesNothing(t *testing.T) {
+	ctx := context.Background()
+	pool := storeDB(t, "pgscribe")
+	store := cursor.New("pgscribe", "balances", 1)
+
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := store.Advance(ctx, tx, []cursor.Advance{{StreamID: "a", StreamPosition: 1, Position: 1, DeadLettered: 1}}); err != nil {
+		t.Fatal(err)
+	}
+	ev := &event.Event{Position: 1, ID: "e1", StreamID: "a", StreamPosition: 1, Type: "T", RawData: []byte(`{}`)}
+	if err := deadletter.Insert(ctx, tx, "pgscribe", []deadletter.Row{deadletter.FromEvent("balances", 1, ev, "rule:r", "boom")}); err != nil {
+		t.Fatal(err)
+	}
+	if err := store.SaveWatermark(ctx, tx, cursor.Watermark{LSN: 0x100, Position: 1}); err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+
+	if has, err := store.HasCursors(ctx, pool); err != nil || has {
+		t.Errorf("HasCursors after rollback = %v, %v", has, err)
+	}
+	if _, ok, err := store.LoadWatermark(ctx, pool); err != nil || ok {
+		t.Errorf("watermark after rollback: found %v, err %v", ok, err)
+	}
+	if rows, err := deadletter.List(ctx, pool, "pgscribe", deadletter.Filter{}); err != nil || len(rows) != 0 {
+		t.Errorf("dead letters after rollback = %d, %v", len(rows), err)
+	}
+}
+
+func TestCursorWatermark(t *testing.T) {
+	ctx := context.Background()
+	pool := storeDB(t, "pgscribe")
+	store := cursor.New("pgscribe", "balances", 1)
+
+	if _, ok, err := store.LoadWatermark(ctx, pool); err != nil || ok {
+		t.Fatalf("LoadWatermark on a fresh version: found %v, err %v", ok, err)
+	}
+	load := func() cursor.Watermark {
+		t.Helper()
+		w, ok, err := store.LoadWatermark(ctx, pool)
+		if err != nil || !ok {
+			t.Fatalf("LoadWatermark: found %v, err %v", ok, err)
+		}
+		return w
+	}
+
+	// Backfill: progress at LSN 0, phase set with totals.
+	if err := store.SaveWatermark(ctx, pool, cursor.Watermark{SlotName: "pgscribe_balances_v1", BackfillTotal: 1000}); err != nil {
+		t.Fatal(err)
+	}
+	if w := load(); w.Phase != cursor.PhaseBackfilling || w.BackfillTotal != 1000 || w.BackfillDone != 0 {
+		t.Errorf("first save = %+v, want phase backfilling, total 1000", w)
+	}
+	if err := store.SaveWatermark(ctx, pool, cursor.Watermark{Position: 500}); err != nil {
+		t.Fatal(err)
+	}
+	if err := store.SetPhase(ctx, pool, cursor.PhaseBackfilling, 1000, 500); err != nil {
+		t.Fatal(err)
+	}
+	w := load()
+	if w.SlotName != "pgscribe_balances_v1" || w.LSN != 0 || w.Position != 500 || w.Phase != cursor.PhaseBackfilling ||
+		w.BackfillTotal != 1000 || w.BackfillDone != 500 || !w.CommitTime.IsZero() || w.UpdatedAt.IsZero() {
+		t.Errorf("backfill watermark = %+v", w)
+	}
+
+	// Live: the watermark moves forward only.
+	t1 := time.Date(2025, 1, 2, 3, 4, 5, 123456000, time.UTC)
+	lsn := mustLSN(t, "16/B374D848")
+	if err := store.SaveWatermark(ctx, pool, cursor.Watermark{LSN: lsn, Position: 900, CommitTime: t1, Phase: cursor.PhaseLive}); err != nil {
+		t.Fatal(err)
+	}
+	w = load()
+	if w.LSN != lsn || w.Position != 900 || !w.CommitTime.Equal(t1) || w.Phase != cursor.PhaseLive ||
+		w.SlotName != "pgscribe_balances_v1" || w.BackfillTotal != 1000 || w.BackfillDone != 500 {
+		t.Errorf("live watermark = %+v", w)
+	}
+	if err := store.SaveWatermark(ctx, pool, cursor.Watermark{LSN: lsn - 1, Position: 800, CommitTime: t1.Add(-time.Second)}); err != nil {
+		t.Fatal(err)
+	}
+	if w = load(); w.LSN != lsn || w.Position != 900 || !w.CommitTime.Equal(t1) {
+		t.Errorf("watermark went backwards: %+v", w)
+	}
+	if err := store.SaveWatermark(ctx, pool, cursor.Watermark{Position: 1}); err != nil {
+		t.Fatal(err)
+	}
+	if w = load(); w.LSN != lsn || w.Position != 900 {
+		t.Errorf("zero LSN moved the watermark: %+v", w)
+	}
+	t2 := t1.Add(time.Minute)
+	if err := store.SaveWatermark(ctx, pool, cursor.Watermark{LSN: lsn + 0x100000000, Position: 950, CommitTime: t2}); err != nil {
+		t.Fatal(err)
+	}
+	if w = load(); w.LSN != lsn+0x100000000 || w.Position != 950 || !w.CommitTime.Equal(t2) || w.Phase != cursor.PhaseLive {
+		t.Errorf("watermark did not move forward: %+v", w)
+	}
+	// A restarted engine that has seen no event yet saves position 0 with
+	// the server's later WAL end: the position stays.
+	if err := store.SaveWatermark(ctx, pool, cursor.Watermark{LSN: lsn + 0x200000000, CommitTime: t2}); err != nil {
+		t.Fatal(err)
+	}
+	if w = load(); w.LSN != lsn+0x200000000 || w.Position != 950 {
+		t.Errorf("a later LSN without events moved the position back: %+v", w)
+	}
+
+	if err := store.SetPhase(ctx, pool, "finished", 0, 0); err == nil {
+		t.Error("SetPhase accepted an unknown phase")
+	}
+
+	// Reset drops this version's cursors and watermark only.
+	if err := store.Advance(ctx, pool, []cursor.Advance{{StreamID: "a", StreamPosition: 1, Position: 1, Applied: 1}}); err != nil {
+		t.Fatal(err)
+	}
+	other := cursor.New("pgscribe", "balances", 2)
+	if err := other.Advance(ctx, pool, []cursor.Advance{{StreamID: "a", StreamPosition: 1, Position: 1, Applied: 1}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := other.SaveWatermark(ctx, pool, cursor.Watermark{LSN: lsn}); err != nil {
+		t.Fatal(err)
+	}
+	ev := &event.Event{Position: 1, ID: "e1", StreamID: "a", StreamPosition: 1, Type: "T"}
+	if err := deadletter.Insert(ctx, pool, "pgscribe", []deadletter.Row{deadletter.FromEvent("balances", 1, ev, "k", "m")}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pool.Exec(ctx, "INSERT INTO pgscribe.leases (projection, version, epoch, node) VALUES ('balances', 1, 7, 'n1')"); err != nil {
+		t.Fatal(err)
+	}
+	if err := store.Reset(ctx, pool); err != nil {
+		t.Fatal(err)
+	}
+	if has, _ := store.HasCursors(ctx, pool); has {
+		t.Error("cursors survived Reset")
+	}
+	if _, ok, _ := store.LoadWatermark(ctx, pool); ok {
+		t.Error("watermark survived Reset")
+	}
+	if has, _ := other.HasCursors(ctx, pool); !has {
+		t.Error("Reset removed another version's cursors")
+	}
+	if _, ok, _ := other.LoadWatermark(ctx, pool); !ok {
+		t.Error("Reset removed another version's watermark")
+	}
+	var deadRows, leases int
+	if err := pool.QueryRow(ctx, "SELECT (SELECT count(*) FROM pgscribe.dead_letters), (SELECT count(*) FROM pgscribe.leases)").Scan(&deadRows, &leases); err != nil {
+		t.Fatal(err)
+	}
+	if deadRows != 1 || leases != 1 {
+		t.Errorf("after Reset: %d dead letters, %d leases; want 1 and 1", deadRows, leases)
+	}
+}
