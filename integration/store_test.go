@@ -23,7 +23,7 @@ import (
 )
 
 // storeTables are the engine tables of the latest schema version.
-var storeTables = []string{"cursors", "dead_letters", "leases", "schema_migrations", "watermarks"}
+var storeTables = []string{"controls", "cursors", "dead_letters", "leases", "parked_events", "retry_requests", "schema_migrations", "watermarks"}
 
 func storeConn(t *testing.T, dsn string) *pgx.Conn {
 	t.Helper()
