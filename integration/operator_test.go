@@ -380,10 +380,15 @@ CREATE TABLE pk_names (stream_id text PRIMARY KEY, name varchar(5) NOT NULL)`
 	e.appendEvents(t, named("pk-1", "bartholomew", 5, kind), named("pk-2", "maximiliane", 6, kind), named("pk-3", "christopher", 7, kind))
 	for i := range 5 {
 		e.appendEvents(t, ev("pk-1", "Tick", int64(10+i)), named("pk-2", "bo", int64(20+i), ""), ev("pk-3", "Tick", int64(30+i)))
+		if i == 2 {
+			// Held behind pk-2's dead letter, and too long even for the
+			// widened column: its release fails and parks pk-2 again.
+			e.appendEvents(t, named("pk-2", strings.Repeat("x", 300), 99, kind))
+		}
 	}
 	e.waitConserved(t, p, "pk")
-	if _, parked := e.conserved(t, "pk"); parked != 15 {
-		t.Fatalf("parked = %d, want 15 (5 events behind each of 3 dead letters)", parked)
+	if _, parked := e.conserved(t, "pk"); parked != 16 {
+		t.Fatalf("parked = %d, want 16 (5 events behind each of 3 dead letters, one more behind pk-2's)", parked)
 	}
 	// kill -9 in the middle of the load, with more events for the parked
 	// streams arriving meanwhile.
@@ -393,8 +398,8 @@ CREATE TABLE pk_names (stream_id text PRIMARY KEY, name varchar(5) NOT NULL)`
 	}
 	p = e.start(t)
 	e.waitConserved(t, p, "pk")
-	if _, parked := e.conserved(t, "pk"); parked != 30 {
-		t.Fatalf("parked = %d after the restart, want 30", parked)
+	if _, parked := e.conserved(t, "pk"); parked != 31 {
+		t.Fatalf("parked = %d after the restart, want 31", parked)
 	}
 	// Held means not applied: the parked streams' trails stop before their
 	// dead letters.
@@ -418,12 +423,27 @@ GROUP BY stream_id`)
 	if !strings.Contains(out, "2 applied, 0 failed again") {
 		t.Errorf("retry said %q", out)
 	}
+	// pk-2 released up to its over-long name, which is now its dead letter
+	// and holds the rest of the stream (7 events behind it: 2, then 5 after the kill).
+	if n := e.scalar(t, `SELECT count(*) FROM pgscribe.dead_letters WHERE stream_id = 'pk-2' AND (event_data->>'v')::bigint = 99`); n != 1 {
+		t.Errorf("pk-2's over-long name: %d dead letters, want 1", n)
+	}
+	waitFor(t, waitLong, "pk-1 released", func() bool {
+		return e.scalar(t, `SELECT parked FROM pgscribe.cursors WHERE stream_id = 'pk-1'`) == 0
+	})
+	if got := e.scalar(t, `SELECT parked FROM pgscribe.cursors WHERE stream_id = 'pk-2'`); got != 7 {
+		t.Errorf("pk-2 holds %d events after its release failed, want 7", got)
+	}
+	out = e.operate(t, 0, "deadletters", "skip", "-projection", "pk", "-version", "1", "-stream", "pk-2")
+	if !strings.Contains(out, "1 dead letter(s) skipped") {
+		t.Errorf("second skip said %q", out)
+	}
 	w.stop(t)
 	stopped = true
 	e.appendEvents(t, ev("pk-1", "Tick", 70), ev("pk-2", "Tick", 71), ev("pk-3", "Tick", 72))
 	e.waitConserved(t, p, "pk")
 
-	keep := `NOT (stream_id = 'pk-3' AND metadata ? 'expect')`
+	keep := `NOT (metadata ? 'expect' AND (stream_id = 'pk-3' OR (data->>'v')::bigint = 99))`
 	sameRows(t, e.pool, "pk_rows", `SELECT event_id::text, stream_id, stream_position, v FROM pk_rows`,
 		`SELECT id::text, stream_id, stream_position, (data->>'v')::bigint FROM events WHERE `+keep)
 	sameRows(t, e.pool, "pk_trail (stream order)", `SELECT stream_id, positions FROM pk_trail`,
@@ -440,7 +460,7 @@ GROUP BY stream_id`)
 		e.scalar(t, `SELECT count(*) FROM pgscribe.cursors WHERE parked_since IS NOT NULL`); n != 0 {
 		t.Errorf("dead letters, held events and parked streams left: %d, want none", n)
 	}
-	if got := e.scalar(t, `SELECT coalesce(sum(skipped), 0)::bigint FROM pgscribe.cursors WHERE projection = 'pk'`); got != 1 {
-		t.Errorf("skipped = %d, want 1 (the skipped dead letter)", got)
+	if got := e.scalar(t, `SELECT coalesce(sum(skipped), 0)::bigint FROM pgscribe.cursors WHERE projection = 'pk'`); got != 2 {
+		t.Errorf("skipped = %d, want 2 (the skipped dead letters)", got)
 	}
 }
