@@ -98,6 +98,16 @@ Usage:
       Rebuild a projection version from the events its cursors have
       accounted for, in a scratch schema, and diff it with the live read
       model in PostgreSQL, while the engine keeps running. Exit 1 on drift.
+  pgscribe promote -projection NAME -version N [-config FILE] [-max-lag 10s]
+                   [-timeout 1m] [-force]
+      Serve this version: in one transaction, point every view <serve>.<table>
+      at the version's <schema>.<table> and record it as served. Refused
+      unless the version is live, lags at most -max-lag and is not halted;
+      -force overrides and says what it overrode.
+  pgscribe retire -projection NAME -version N [-config FILE] [-drop-schema]
+      Remove a version that no longer serves: its slot, cursors, watermark,
+      dead letters and lease, and with -drop-schema its schema. Refused for
+      the served version and while an engine runs the version.
   pgscribe version
   pgscribe help
 
@@ -106,7 +116,8 @@ PGSCRIBE_DATABASE_URL overrides [database] url; libpq variables (PGHOST …)
 fill in what the URL leaves out.
 
 Exit codes: 0 ok; 1 runtime failure (a database that cannot be reached, a
-reset refused because an engine runs the projection); 2 usage or
+reset or retire refused because an engine runs the projection, a promote
+or retire refused by the version's state); 2 usage or
 configuration error, problems found by check, reset without -yes.
 `
 
@@ -327,6 +338,45 @@ func run(args []string, stdout, stderr io.Writer) error {
 			return &exitError{code: 2, err: err}
 		}
 		return err
+	case "promote":
+		var o admin.PromoteOptions
+		fs.StringVar(&o.Projection, "projection", "", "projection `name` (required)")
+		fs.Int64Var(&o.Version, "version", 0, "projection `version` (required)")
+		fs.DurationVar(&o.MaxLag, "max-lag", admin.DefaultMaxLag, "largest lag the version may have")
+		fs.DurationVar(&o.Timeout, "timeout", admin.DefaultPromoteTimeout, "how long to retry while readers' transactions hold the views")
+		fs.BoolVar(&o.Force, "force", false, "promote even if the version is not live, lags or is halted")
+		if err := parse(fs, rest); err != nil {
+			return err
+		}
+		if o.Projection == "" || o.Version < 1 {
+			return usageErr("promote needs -projection NAME and -version N (at least 1)")
+		}
+		cfg, _, err := loadConfig(*configPath, stderr, true)
+		if err != nil {
+			return err
+		}
+		ctx, stop := signalContext()
+		defer stop()
+		return admin.Promote(ctx, cfg, o, stdout)
+	case "retire":
+		var o admin.RetireOptions
+		fs.StringVar(&o.Projection, "projection", "", "projection `name` (required)")
+		fs.Int64Var(&o.Version, "version", 0, "projection `version` (required)")
+		fs.BoolVar(&o.DropSchema, "drop-schema", false, "also drop the version's schema and its tables")
+		if err := parse(fs, rest); err != nil {
+			return err
+		}
+		if o.Projection == "" || o.Version < 1 {
+			return usageErr("retire needs -projection NAME and -version N (at least 1)")
+		}
+		// retire needs no rules: an old version may have left the file.
+		cfg, _, err := loadConfigWith(config.LoadSettings, *configPath, stderr, true)
+		if err != nil {
+			return err
+		}
+		ctx, stop := signalContext()
+		defer stop()
+		return admin.Retire(ctx, cfg, o, stdout)
 	default:
 		// The error alone, not the usage: 38 lines on stderr scroll it away.
 		return usageErr("unknown command %q (run 'pgscribe help' for usage)", cmd)

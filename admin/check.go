@@ -16,6 +16,7 @@ import (
 	"github.com/pgscribe/pgscribe/config"
 	"github.com/pgscribe/pgscribe/event"
 	"github.com/pgscribe/pgscribe/migrations"
+	"github.com/pgscribe/pgscribe/replication"
 	"github.com/pgscribe/pgscribe/rules"
 )
 
@@ -27,9 +28,11 @@ import (
 // What is checked:
 //
 //   - source: wal_level is logical; the events table and its configured
-//     columns exist; the publication exists, publishes inserts and covers
-//     the whole table (no row filter or column list); max_replication_slots
-//     leaves room for the slots not created yet.
+//     columns exist, of types pgscribe reads (replication.ReadableType);
+//     the publication exists, publishes inserts, covers the whole table (no
+//     row filter or column list) through the partition root, and nothing
+//     else; max_replication_slots leaves room for the slots not created
+//     yet.
 //   - target: the engine schema is at migrations.Latest, and the role may
 //     use it (schema USAGE; SELECT, INSERT, UPDATE on cursors, watermarks
 //     and leases; SELECT and INSERT on dead_letters).
@@ -178,23 +181,43 @@ func (ck *checker) source(ctx context.Context) error {
 		{"stream_position", cols.StreamPosition}, {"type", cols.Type}, {"data", cols.Data},
 		{"metadata", cols.Metadata}, {"occurred_at", cols.OccurredAt},
 	} {
-		if _, ok := ti.cols[col.name]; !ok {
-			ck.add("source", fmt.Sprintf("%s column %q", obj, col.name), "does not exist (source.columns.%s)", col.key)
+		if col.name == "" {
+			continue // not mapped (id, metadata, occurred_at may be absent)
+		}
+		c, ok := ti.cols[col.name]
+		cobj := fmt.Sprintf("%s column %q", obj, col.name)
+		if !ok {
+			ck.add("source", cobj, "does not exist (source.columns.%s)", col.key)
+			continue
+		}
+		if ok, want := replication.ReadableType(col.key, c.baseType); !ok {
+			ck.add("source", cobj, "has type %s, which pgscribe cannot read as %s (it reads %s)", c.typ, col.key, want)
 		}
 	}
 
 	pub := ck.cfg.Source.Publication
 	pobj := fmt.Sprintf("publication %q", pub)
-	var insert, covered, restricted bool
+	var insert, viaRoot, covered, restricted bool
+	var others []string
 	// prqual and prattrs exist from PostgreSQL 15 on; to_jsonb keeps the
-	// query valid on older servers.
-	err = src.QueryRow(ctx, `SELECT p.pubinsert,
-  EXISTS (SELECT 1 FROM pg_publication_tables t
-          WHERE t.pubname = p.pubname AND t.schemaname = $2 AND t.tablename = $3),
+	// query valid on older servers. Without publish_via_partition_root,
+	// pg_publication_tables lists a partitioned table's partitions rather
+	// than the table: a partition of it counts as covering it here (the
+	// missing option is its own problem).
+	err = src.QueryRow(ctx, `WITH pt AS (
+  SELECT t.schemaname, t.tablename, c.oid = $2 OR coalesce(pg_partition_root(c.oid) = $2, false) AS ours
+  FROM pg_publication_tables t
+  JOIN pg_namespace n ON n.nspname = t.schemaname
+  JOIN pg_class c ON c.relnamespace = n.oid AND c.relname = t.tablename
+  WHERE t.pubname = $1)
+SELECT p.pubinsert, p.pubviaroot,
+  EXISTS (SELECT 1 FROM pt WHERE pt.ours)
+    OR EXISTS (SELECT 1 FROM pg_publication_rel r WHERE r.prpubid = p.oid AND r.prrelid = $2),
   EXISTS (SELECT 1 FROM pg_publication_rel r
-          WHERE r.prpubid = p.oid AND r.prrelid = $4
-            AND (to_jsonb(r) ->> 'prqual' IS NOT NULL OR to_jsonb(r) ->> 'prattrs' IS NOT NULL))
-FROM pg_publication p WHERE p.pubname = $1`, pub, ti.schema, ti.name, ti.oid).Scan(&insert, &covered, &restricted)
+          WHERE r.prpubid = p.oid AND r.prrelid = $2
+            AND (to_jsonb(r) ->> 'prqual' IS NOT NULL OR to_jsonb(r) ->> 'prattrs' IS NOT NULL)),
+  ARRAY(SELECT format('%I.%I', pt.schemaname, pt.tablename) FROM pt WHERE NOT pt.ours ORDER BY 1 LIMIT 6)
+FROM pg_publication p WHERE p.pubname = $1`, pub, ti.oid).Scan(&insert, &viaRoot, &covered, &restricted, &others)
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):
 		ck.add("source", pobj, "does not exist (pgscribe migrate creates it)")
@@ -208,6 +231,17 @@ FROM pg_publication p WHERE p.pubname = $1`, pub, ti.schema, ti.name, ti.oid).Sc
 			ck.add("source", pobj, "does not cover %s (pgscribe migrate adds it)", obj)
 		} else if restricted {
 			ck.add("source", pobj, "publishes %s with a row filter or a column list, which hides events (pgscribe migrate removes it)", obj)
+		}
+		if !viaRoot {
+			ck.add("source", pobj, "does not publish via the partition root, so a partitioned events table's inserts would name its partitions (pgscribe migrate sets publish_via_partition_root = true)")
+		}
+		if len(others) > 0 {
+			more := ""
+			if len(others) > 5 {
+				others, more = others[:5], " …"
+			}
+			ck.add("source", pobj, "also publishes %s%s: pgscribe stops at an insert into a table that is not %s (publish only the events table)",
+				strings.Join(others, ", "), more, obj)
 		}
 	}
 	return nil

@@ -76,36 +76,19 @@ type resetPlan struct {
 // not be configured any more: resetting an old version is how its slot stops
 // retaining WAL.
 func Reset(ctx context.Context, cfg *config.Config, o ResetOptions, w io.Writer) error {
-	c, err := connect(ctx, cfg)
+	c, err := connectMigrated(ctx, cfg)
 	if err != nil {
 		return err
 	}
 	defer c.close(ctx)
 	schema := cfg.Engine.Schema
-	if err := requireMigrated(ctx, c.target, schema); err != nil {
+
+	held, err := takeVersion(ctx, cfg, c, "reset", o.Projection, o.Version, o.Yes)
+	if err != nil {
 		return err
 	}
-
-	var held *leader.Lease
-	if o.Yes {
-		held, err = leader.TryAcquire(ctx, cfg.TargetURL(), schema, o.Projection, o.Version, "pgscribe reset on "+cfg.Engine.Node, cfg.Engine.LeaseTimeout)
-		if err != nil {
-			return err
-		}
-		if held != nil {
-			defer held.Release(ctx)
-		}
-	}
-	if held == nil {
-		pid, err := leader.Holder(ctx, c.target, schema, o.Projection, o.Version)
-		if err != nil {
-			return err
-		}
-		// Without -yes nobody may hold it; with -yes TryAcquire failed, so
-		// somebody did a moment ago.
-		if pid != 0 || o.Yes {
-			return activeError(ctx, c.target, schema, o, pid)
-		}
+	if held != nil {
+		defer held.Release(ctx)
 	}
 
 	spec := rules.Spec{Name: o.Projection, Version: o.Version}
@@ -157,17 +140,42 @@ func Reset(ctx context.Context, cfg *config.Config, o ResetOptions, w io.Writer)
 	return err
 }
 
+// takeVersion takes a projection version's advisory lock for command (a
+// verb: reset, retire) exactly as an engine does, so that no engine runs it
+// while the command changes its state, and returns the lease to release.
+// Without take it only verifies that nobody holds the lock and returns nil.
+// It returns ErrActive (wrapped) when an engine holds it.
+func takeVersion(ctx context.Context, cfg *config.Config, c *conns, command, projection string, version int64, take bool) (*leader.Lease, error) {
+	schema := cfg.Engine.Schema
+	if take {
+		held, err := leader.TryAcquire(ctx, cfg.TargetURL(), schema, projection, version, "pgscribe "+command+" on "+cfg.Engine.Node, cfg.Engine.LeaseTimeout)
+		if err != nil || held != nil {
+			return held, err
+		}
+	}
+	pid, err := leader.Holder(ctx, c.target, schema, projection, version)
+	if err != nil {
+		return nil, err
+	}
+	// Without take nobody may hold it; with take TryAcquire failed, so
+	// somebody did a moment ago.
+	if pid != 0 || take {
+		return nil, activeError(ctx, c.target, schema, command, projection, version, pid)
+	}
+	return nil, nil
+}
+
 // activeError explains which engine holds the lock.
-func activeError(ctx context.Context, q event.Querier, schema string, o ResetOptions, pid int32) error {
+func activeError(ctx context.Context, q event.Querier, schema, command, projection string, version int64, pid int32) error {
 	who := "another session"
-	if l, ok, err := leader.Load(ctx, q, schema, o.Projection, o.Version); err == nil && ok {
+	if l, ok, err := leader.Load(ctx, q, schema, projection, version); err == nil && ok {
 		who = fmt.Sprintf("node %q", l.Node)
 	}
 	if pid != 0 {
 		who += fmt.Sprintf(" (target backend %d)", pid)
 	}
-	return fmt.Errorf("reset %s v%d: %w: %s holds its advisory lock; stop pgscribe on every node that runs it, then reset "+
-		"(a reset under a running engine is unsafe: its next batch would write cursors again)", o.Projection, o.Version, ErrActive, who)
+	return fmt.Errorf("%s %s v%d: %w: %s holds its advisory lock; stop pgscribe on every node that runs it, then %[1]s "+
+		"(under a running engine it is unsafe: its next batch would write cursors again)", command, projection, version, ErrActive, who)
 }
 
 func (p *resetPlan) load(ctx context.Context, c *conns, schema string) error {
@@ -241,8 +249,12 @@ func (p *resetPlan) text(done, deadLetters bool) string {
 		line("  no replication slot %q to drop", p.slot)
 	}
 	t := p.cursors
-	line("  %s %d stream cursors (%d events accounted for: %d applied, %d skipped, %d dead-lettered)",
-		tense("delete", "deleted"), t.Streams, t.Applied+t.Skipped+t.DeadLettered, t.Applied, t.Skipped, t.DeadLettered)
+	adopted := ""
+	if t.Adopted > 0 {
+		adopted = fmt.Sprintf(", %d adopted", t.Adopted)
+	}
+	line("  %s %d stream cursors (%d events accounted for: %d applied, %d skipped, %d dead-lettered%s)",
+		tense("delete", "deleted"), t.Streams, t.Accounted(), t.Applied, t.Skipped, t.DeadLettered, adopted)
 	if wm := p.watermark; wm != nil {
 		line("  %s the watermark (phase %s, lsn %s)", tense("delete", "deleted"), wm.Phase, wm.LSN)
 	}

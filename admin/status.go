@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"maps"
+	"slices"
 	"strconv"
 	"strings"
 	"text/tabwriter"
@@ -63,6 +65,9 @@ type StatusReport struct {
 	// projection version uses, typically one left by a version that was
 	// bumped: it retains WAL until `pgscribe reset` drops it.
 	Unconfigured []UnconfiguredSlot `json:"unconfigured_slots"`
+	// Served lists, per projection that `pgscribe promote` promoted, the
+	// version its stable names read, configured or not.
+	Served []Served `json:"served"`
 }
 
 // UnconfiguredSlot is a slot of a projection version that is no longer
@@ -82,6 +87,12 @@ type ProjectionStatus struct {
 	Projection string       `json:"projection"`
 	Version    int64        `json:"version"`
 	State      engine.State `json:"state"`
+	// Schema and Serve are the version's configured schema and serve
+	// schema; Served is true when promote made it the version that serve's
+	// views read.
+	Schema string `json:"schema,omitempty"`
+	Serve  string `json:"serve,omitempty"`
+	Served bool   `json:"served"`
 	// Node is the lease's node while its advisory lock is held; LockPID the
 	// target backend that holds it.
 	Node    string `json:"node,omitempty"`
@@ -90,6 +101,10 @@ type ProjectionStatus struct {
 	// projection (it keeps the lock while halted).
 	HaltedAt   *time.Time `json:"halted_at,omitempty"`
 	HaltReason string     `json:"halt_reason,omitempty"`
+	// HaltStage (source or commit) and HaltSQLState are read from the
+	// halt reason; a source halt resumes by itself once its cause is gone.
+	HaltStage    string `json:"halt_stage,omitempty"`
+	HaltSQLState string `json:"halt_sqlstate,omitempty"`
 	// Paused is set while an operator paused the version (with or without
 	// an engine running it: a node that starts obeys it).
 	Paused *PauseStatus `json:"paused,omitempty"`
@@ -108,6 +123,9 @@ type ProjectionStatus struct {
 	// the events table minus applied, skipped, dead-lettered and parked
 	// events of the version's cursors (never below 0).
 	BacklogEvents int64 `json:"backlog_events"`
+	// AdoptedEvents is how many events the version adopted on its first
+	// start (start_after_position) instead of applying them.
+	AdoptedEvents int64 `json:"adopted_events"`
 	// WALRetainedBytes is the WAL the slot keeps on the source: its WAL
 	// position minus the slot's restart LSN.
 	WALRetainedBytes *int64 `json:"wal_retained_bytes"`
@@ -200,6 +218,20 @@ func connectCLI(ctx context.Context, url string) (*pgx.Conn, error) {
 	return pgx.ConnectConfig(ctx, cfg)
 }
 
+// connectMigrated connects as connect does and verifies that the engine
+// schema is migrated, for the commands that read or change its tables.
+func connectMigrated(ctx context.Context, cfg *config.Config) (*conns, error) {
+	c, err := connect(ctx, cfg)
+	if err != nil {
+		return nil, err
+	}
+	if err := requireMigrated(ctx, c.target, cfg.Engine.Schema); err != nil {
+		c.close(ctx)
+		return nil, err
+	}
+	return c, nil
+}
+
 // requireMigrated returns an error unless the engine schema is at the
 // version this binary knows.
 func requireMigrated(ctx context.Context, q migrations.Querier, schema string) error {
@@ -262,7 +294,14 @@ func Status(ctx context.Context, cfg *config.Config) (*StatusReport, error) {
 		return nil, err
 	}
 
-	rep := &StatusReport{Projections: []ProjectionStatus{}, Unconfigured: []UnconfiguredSlot{}}
+	rep := &StatusReport{Projections: []ProjectionStatus{}, Unconfigured: []UnconfiguredSlot{}, Served: []Served{}}
+	served, err := loadServed(ctx, c.target, schema)
+	if err != nil {
+		return nil, err
+	}
+	for _, name := range slices.Sorted(maps.Keys(served)) {
+		rep.Served = append(rep.Served, served[name])
+	}
 	// A standby source (logical decoding on a standby, PostgreSQL 16+) has
 	// no current WAL insert position; its replay position stands in.
 	if err := c.source.QueryRow(ctx, `SELECT CASE WHEN pg_is_in_recovery() THEN pg_last_wal_replay_lsn()
@@ -286,7 +325,11 @@ func Status(ctx context.Context, cfg *config.Config) (*StatusReport, error) {
 	}
 
 	for i, spec := range cfg.Projections {
-		ps := ProjectionStatus{Projection: spec.Name, Version: spec.Version, Slot: SlotStatus{Name: names[i]}}
+		ps := ProjectionStatus{Projection: spec.Name, Version: spec.Version, Slot: SlotStatus{Name: names[i]},
+			Schema: spec.Schema, Serve: spec.Serve}
+		if sv, ok := served[spec.Name]; ok && sv.Version == spec.Version {
+			ps.Served = true
+		}
 		slot, hasSlot := slots[names[i]]
 		if hasSlot {
 			ps.Slot = slot.SlotStatus
@@ -332,6 +375,7 @@ func Status(ctx context.Context, cfg *config.Config) (*StatusReport, error) {
 			ps.HaltedAt = ls.HaltedAt
 			if ls.HaltReason != nil {
 				ps.HaltReason = *ls.HaltReason
+				ps.HaltStage, ps.HaltSQLState = engine.HaltCause(ps.HaltReason)
 			}
 		}
 		if pid != 0 {
@@ -350,7 +394,8 @@ func Status(ctx context.Context, cfg *config.Config) (*StatusReport, error) {
 		}
 		ps.DeadLetters = dl.Total
 		ps.ParkedEvents, ps.ParkedStreams = totals.Parked, totals.ParkedStreams
-		ps.BacklogEvents = max(rep.Events-(totals.Applied+totals.Skipped+totals.DeadLettered+totals.Parked), 0)
+		ps.BacklogEvents = max(rep.Events-totals.Accounted(), 0)
+		ps.AdoptedEvents = totals.Adopted
 		ps.LagSeconds = lagSeconds(ps.State, ps.BacklogEvents, wm.CommitTime, rep.CheckedAt)
 		if ps.State == engine.StateBackfilling || ps.State == engine.StatePaused && (!haveWM || wm.Phase != cursor.PhaseLive) {
 			var started time.Time
@@ -492,7 +537,10 @@ func statusNotes(ps ProjectionStatus, haveWM bool, wmSlot string, hasCursors boo
 	if haveWM && wmSlot != "" && wmSlot != ps.Slot.Name {
 		notes = append(notes, fmt.Sprintf("the watermark belongs to slot %q (slot_prefix changed?): the next run rebuilds", wmSlot))
 	}
-	if ps.State == engine.StateHalted {
+	if ps.State == engine.StateHalted && engine.SourceHalt(ps.HaltReason) {
+		notes = append(notes, fmt.Sprintf("halted on node %s: %s — the source cannot be read; the engine probes it every standby_poll and resumes by itself once the cause is fixed (pgscribe resume -projection %s -version %d retries at once); nothing was acknowledged",
+			ps.Node, ps.HaltReason, ps.Projection, ps.Version))
+	} else if ps.State == engine.StateHalted {
 		notes = append(notes, fmt.Sprintf("halted on node %s: %s — fix the cause, then run pgscribe resume -projection %s -version %d (or restart pgscribe on that node); nothing of the failing batch was acknowledged",
 			ps.Node, ps.HaltReason, ps.Projection, ps.Version))
 	}
@@ -545,8 +593,12 @@ func (r *StatusReport) WriteText(w io.Writer) error {
 		if p.LagSeconds != nil {
 			lag = formatSeconds(*p.LagSeconds)
 		}
-		fmt.Fprintf(tw, "%s v%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%d\t%s\t%d\t%s\n",
-			p.Projection, p.Version, p.State, orDash(p.Node), lsn, pos, committed, lag,
+		name := fmt.Sprintf("%s v%d", p.Projection, p.Version)
+		if p.Served {
+			name += " (served)"
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%d\t%s\t%d\t%s\n",
+			name, p.State, orDash(p.Node), lsn, pos, committed, lag,
 			formatBytesPtr(p.LagBytes), p.BacklogEvents, formatBytesPtr(p.WALRetainedBytes), p.DeadLetters,
 			formatBackfill(p.Backfill))
 	}
@@ -563,6 +615,12 @@ func (r *StatusReport) WriteText(w io.Writer) error {
 	for _, u := range r.Unconfigured {
 		if _, err := fmt.Fprintf(w, "slot %q of %s v%d, which is not configured, retains %s of WAL: pgscribe reset -projection %s -version %d drops it\n",
 			u.Slot, u.Projection, u.Version, formatBytesPtr(u.WALRetainedBytes), u.Projection, u.Version); err != nil {
+			return err
+		}
+	}
+	for _, s := range r.Served {
+		if _, err := fmt.Fprintf(w, "served: %s v%d in schema %s (promoted %s)\n",
+			s.Projection, s.Version, s.ServeSchema, s.PromotedAt.UTC().Format(time.RFC3339)); err != nil {
 			return err
 		}
 	}

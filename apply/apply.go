@@ -47,6 +47,9 @@ type Observer interface {
 	Outcomes(applied, skipped, deadLettered int)
 	DeadLettered(kind string)
 	Gap()
+	// Isolation counts the segment attempts (savepoint round trips) one
+	// isolated pass made to find a batch's offending events.
+	Isolation(attempts int)
 	// RowsMissing counts n committed updates or deletes of a rule that
 	// matched no row.
 	RowsMissing(rule string, n int)
@@ -124,6 +127,7 @@ type Committer struct {
 	cursors *cursor.Store
 	stmts   *statements
 	cat     *catalog
+	limits  *limits
 	obs     Observer
 	log     *slog.Logger
 }
@@ -147,6 +151,7 @@ func NewCommitter(pool *pgxpool.Pool, opts Options, eval Evaluator, fence Fence,
 		cursors: cursor.New(opts.Schema, opts.Projection, opts.Version),
 		stmts:   newStatements(),
 		cat:     newCatalog(),
+		limits:  newLimits(),
 	}
 }
 
@@ -175,6 +180,7 @@ type planned struct {
 	kind     string // dead-letter error_kind
 	message  string
 	sqlstate string // integrity failure that dead-lettered it
+	failure  error  // that failure
 }
 
 // circuit tracks consecutive same-SQLSTATE integrity failures of one
@@ -188,6 +194,7 @@ type circuit struct {
 type partition struct {
 	circ    circuit
 	cursors cursorCache
+	suspect bool // the last commit returned errSuspect
 }
 
 // errSuspect: an isolated attempt applied none of the batch's events, and
@@ -224,12 +231,16 @@ func (c *Committer) commit(ctx context.Context, batch []Input, part *partition, 
 		}
 	}
 
-	isolate := false
+	// A batch grown after errSuspect holds the events that failed: its
+	// pipelined attempt would fail again, so it starts isolated.
+	isolate := part.suspect
+	part.suspect = false
 	retry := c.retryPolicy().Start()
 	var deadMisses map[string]int // misses that dead-lettered their events
 	for {
 		res, err := c.attempt(ctx, evals, isolate, final, part)
 		if errors.Is(err, errSuspect) {
+			part.suspect = true
 			return Result{}, err
 		}
 		if err == nil {
@@ -421,14 +432,28 @@ func (c *Committer) attempt(ctx context.Context, evals []planned, isolate, final
 	// so a retried attempt does not count the same failures twice.
 	circLocal := part.circ
 	parked := c.parkedStreams(curs)
+	if err := c.precheck(ctx, conn.Conn().PgConn(), conn, plan); err != nil {
+		return Result{}, err
+	}
 	if isolate {
-		applied, failed, err := c.applyIsolated(ctx, conn, plan, &circLocal, parked)
-		if err != nil {
+		if err := c.isolate(ctx, conn, plan, circLocal, &pl.missing, parked); err != nil {
 			return Result{}, err
 		}
-		if applied == 0 && failed > 0 && !final && !c.opts.HaltOnError {
-			return Result{}, errSuspect
+	}
+	if err := c.walkCircuit(plan, &circLocal); err != nil {
+		return Result{}, err
+	}
+	applied, failed := 0, 0
+	for i := range plan {
+		switch {
+		case plan[i].out == outApply:
+			applied++
+		case plan[i].out == outDead && plan[i].sqlstate != "":
+			failed++
 		}
+	}
+	if applied == 0 && failed > 0 && !final && !c.opts.HaltOnError {
+		return Result{}, errSuspect
 	}
 
 	// Outcomes are final here: isolation has run, and a pipelined write
@@ -496,7 +521,6 @@ func (c *Committer) attempt(ctx context.Context, evals []planned, isolate, final
 		if err := c.applyPipelined(ctx, conn, pl, plan, book); err != nil {
 			return Result{}, err
 		}
-		circLocal = circuit{}
 	}
 	part.circ = circLocal
 	part.cursors.put(curs)
@@ -553,20 +577,8 @@ func (c *Committer) applyPipelined(ctx context.Context, tx dbtx, pl *pipeline, p
 			intents = append(intents, &plan[i].intents[j])
 		}
 	}
-	if layers, ok := planGroups(intents); ok {
-		for _, layer := range layers {
-			for _, g := range layer {
-				if err := c.queueGroup(ctx, tx, pl, g); err != nil {
-					return err
-				}
-			}
-		}
-	} else {
-		for _, in := range intents {
-			if err := c.queueIntent(ctx, tx, pl, in); err != nil {
-				return err
-			}
-		}
+	if err := c.queueWrites(ctx, tx, pl, intents); err != nil {
+		return err
 	}
 	if err := book(&queuer{pl: pl, table: c.opts.Schema + " engine tables"}); err != nil {
 		return err
@@ -587,6 +599,27 @@ func (c *Committer) applyPipelined(ctx context.Context, tx dbtx, pl *pipeline, p
 		return committed(br.Exec())
 	})
 	return pl.send(ctx, tx)
+}
+
+// queueWrites queues intents as multi-row statements where that is exact
+// (see planGroups), else one statement per intent in order.
+func (c *Committer) queueWrites(ctx context.Context, tx dbtx, pl *pipeline, intents []*event.Intent) error {
+	if layers, ok := planGroups(intents); ok {
+		for _, layer := range layers {
+			for _, g := range layer {
+				if err := c.queueGroup(ctx, tx, pl, g); err != nil {
+					return err
+				}
+			}
+		}
+		return nil
+	}
+	for _, in := range intents {
+		if err := c.queueIntent(ctx, tx, pl, in); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // pipeline is statements sent in one round trip, each with how its result
@@ -679,84 +712,12 @@ func (c *Committer) queueIntent(ctx context.Context, tx dbtx, pl *pipeline, in *
 	return c.queueGroup(ctx, tx, pl, &group{shape: shapeOf(in), first: in, rows: []*event.Intent{in}, mayMiss: op.MayMiss})
 }
 
-// execIntent runs one intent now (the isolation path).
-func (c *Committer) execIntent(ctx context.Context, tx dbtx, in *event.Intent) error {
-	pl := &pipeline{}
-	if err := c.queueIntent(ctx, tx, pl, in); err != nil {
-		return err
-	}
-	if err := pl.send(ctx, tx); err != nil {
-		return err
-	}
-	if len(pl.missing.dead) > 0 {
-		return &missingError{intents: pl.missing.dead}
-	}
-	return nil
-}
-
-// applyIsolated applies event by event, each under a savepoint, and turns
-// an integrity failure into a dead letter for exactly that event. Events of
-// the same stream after it still apply, in order. It returns how many
-// events applied and how many failed an integrity check.
-func (c *Committer) applyIsolated(ctx context.Context, tx dbtx, plan []planned, circ *circuit, parked map[string]int64) (applied, failedN int, err error) {
-	for i := range plan {
-		p := &plan[i]
-		if parkOf(p, parked) || p.out != outApply {
-			continue
-		}
-		if _, err := tx.Exec(ctx, "SAVEPOINT pgscribe_event"); err != nil {
-			return applied, failedN, err
-		}
-		var failed error
-		for j := range p.intents {
-			if err := c.execIntent(ctx, tx, &p.intents[j]); err != nil {
-				var halt *HaltError
-				if errors.As(err, &halt) {
-					return applied, failedN, err
-				}
-				failed = fmt.Errorf("rule %s: %w", p.intents[j].Rule, err)
-				break
-			}
-		}
-		if failed == nil {
-			if _, err := tx.Exec(ctx, "RELEASE SAVEPOINT pgscribe_event"); err != nil {
-				return applied, failedN, err
-			}
-			circ.state, circ.count = "", 0
-			applied++
-			continue
-		}
-		if sqlstate.Classify(failed) != sqlstate.ClassIntegrity {
-			return applied, failedN, failed
-		}
-		if _, err := tx.Exec(ctx, "ROLLBACK TO SAVEPOINT pgscribe_event"); err != nil {
-			return applied, failedN, err
-		}
-		failedN++
-		state := sqlstate.Code(failed)
-		if circ.state == state {
-			circ.count++
-		} else {
-			circ.state, circ.count = state, 1
-		}
-		if circ.count >= c.opts.CircuitThreshold {
-			return applied, failedN, c.halt(fmt.Sprintf("circuit open: %d consecutive events failed with the same integrity error (schema mismatch?)", circ.count), failed)
-		}
-		p.out = outDead
-		p.kind = "commit:" + sqlstate.Describe(failed)
-		p.message = failed.Error()
-		p.sqlstate = state
-		p.intents = nil
-		parkOf(p, parked)
-	}
-	return applied, failedN, nil
-}
-
 // NoObserver is an Observer that records nothing: for commits outside the
 // engine (a scratch build, a test) whose batches have no metrics.
 type NoObserver struct{}
 
 func (NoObserver) BatchDone(string, int, time.Duration) {}
+func (NoObserver) Isolation(int)                        {}
 func (NoObserver) Outcomes(int, int, int)               {}
 func (NoObserver) DeadLettered(string)                  {}
 func (NoObserver) Gap()                                 {}

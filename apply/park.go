@@ -3,6 +3,7 @@ package apply
 import (
 	"context"
 	"errors"
+	"maps"
 
 	"github.com/jackc/pgx/v5"
 
@@ -171,4 +172,47 @@ func (c *Committer) releaseOne(ctx context.Context, r deadletter.Row) (bool, err
 // withRetry retries fn through transient failures ([retry] policy).
 func (c *Committer) withRetry(ctx context.Context, fn func() error) error {
 	return sqlstate.Retry(ctx, c.retryPolicy(), c.log, fn)
+}
+
+// parkSavepoint is the savepoint a parking projection's isolated pass runs
+// under.
+const parkSavepoint = "pgscribe_park"
+
+// isolate is applyIsolated for the batch. Isolation applies the events of
+// a stream after one that fails, in order; a parking projection must not,
+// so its pass runs under a savepoint: when a failure parks a stream whose
+// later events applied, the pass is rolled back and run again with those
+// events held. Each rerun holds more events, so it ends; without parking it
+// is one pass.
+func (c *Committer) isolate(ctx context.Context, tx dbtx, plan []planned, circ circuit, missing *missTally, parked map[string]int64) error {
+	if parked == nil {
+		return c.applyIsolated(ctx, tx, plan, circ, missing)
+	}
+	for i := range plan {
+		parkOf(&plan[i], parked) // parked before the batch, or by a rule error
+	}
+	for {
+		before := missTally{counts: maps.Clone(missing.counts), dead: missing.dead}
+		if _, err := tx.Exec(ctx, "SAVEPOINT "+parkSavepoint); err != nil {
+			return err
+		}
+		if err := c.applyIsolated(ctx, tx, plan, circ, missing); err != nil {
+			return err
+		}
+		rerun := false
+		for i := range plan {
+			applied := plan[i].out == outApply
+			if parkOf(&plan[i], parked) && applied {
+				rerun = true
+			}
+		}
+		if !rerun {
+			_, err := tx.Exec(ctx, "RELEASE SAVEPOINT "+parkSavepoint)
+			return err
+		}
+		if _, err := tx.Exec(ctx, "ROLLBACK TO SAVEPOINT "+parkSavepoint); err != nil {
+			return err
+		}
+		*missing = before
+	}
 }

@@ -129,6 +129,21 @@ func (c *Committer) retryPolicy() sqlstate.Policy {
 	return sqlstate.Policy{MaxAttempts: c.opts.MaxAttempts, Backoff: c.opts.Backoff, MaxBackoff: c.opts.MaxBackoff}
 }
 
+// execIntent runs one intent now.
+func (c *Committer) execIntent(ctx context.Context, tx dbtx, in *event.Intent) error {
+	pl := &pipeline{}
+	if err := c.queueIntent(ctx, tx, pl, in); err != nil {
+		return err
+	}
+	if err := pl.send(ctx, tx); err != nil {
+		return err
+	}
+	if len(pl.missing.dead) > 0 {
+		return &missingError{intents: pl.missing.dead}
+	}
+	return nil
+}
+
 // execIntents runs an event's intents in tx, in order.
 func (c *Committer) execIntents(ctx context.Context, tx pgx.Tx, intents []event.Intent) error {
 	for i := range intents {

@@ -60,7 +60,7 @@ func loadTemplate(path string) (*configTemplate, error) {
 	if err != nil {
 		return nil, err
 	}
-	src := string(b) + statsProjection
+	src := string(b) + statsProjection + w6Projection + activityRefProjection
 	starts := projectionStart.FindAllStringIndex(src, -1)
 	if len(starts) == 0 {
 		return nil, fmt.Errorf("%s: no [[projection]] block", path)

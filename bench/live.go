@@ -34,32 +34,12 @@ func (b *bench) live(ctx context.Context) error {
 		fmt.Sprintf("%s per rate; %d producer connections each committing what is due every %s, over %s streams",
 			step, o.w4Producers, o.w4Tick, thousands(o.streams)), 0)
 
-	p, err := startBinary(o.bin, cfg, filepath.Join(o.rawDir, "w4-engine.log"))
+	lv, err := b.startLive(ctx, db, cfg, "w4-engine.log", targets, step)
 	if err != nil {
 		return err
 	}
-	defer func() { _ = p.stop() }()
-	if err := b.waitLive(ctx, db, p, targets); err != nil {
-		return err
-	}
-	if err := b.resetStatements(ctx, db); err != nil {
-		return err
-	}
-	prod, err := newProducer(ctx, db, o.w4Producers, o.streams, o.w4Tick)
-	if err != nil {
-		return err
-	}
-	defer prod.close(context.WithoutCancel(ctx))
-
-	// Warm up (connections, prepared statements, caches), then measure.
-	total, err := prod.run(ctx, 200, 2*time.Second)
-	if err != nil {
-		return err
-	}
-	if _, _, err := b.waitAccounted(ctx, db, p, targets, total, false); err != nil {
-		return err
-	}
-	lv := &liveRun{db: db, p: p, prod: prod, targets: targets, step: step, total: total}
+	defer lv.close(ctx)
+	p, prod := lv.p, lv.prod
 	for _, rate := range o.w4Rates {
 		row, err := b.liveStep(ctx, lv, rate, nil)
 		if err != nil {
@@ -89,6 +69,42 @@ func (b *bench) live(ctx context.Context) error {
 	return err
 }
 
+// startLive starts the engine on cfg, waits until it is live, and warms
+// it up with a producer (connections, prepared statements, caches).
+func (b *bench) startLive(ctx context.Context, db *database, cfg, logName string, targets []target, step time.Duration) (*liveRun, error) {
+	o := b.opts
+	p, err := startBinary(o.bin, cfg, filepath.Join(o.rawDir, logName))
+	if err != nil {
+		return nil, err
+	}
+	lv := &liveRun{db: db, p: p, targets: targets, step: step}
+	fail := func(err error) (*liveRun, error) { lv.close(ctx); return nil, err }
+	if err := b.waitLive(ctx, db, p, targets); err != nil {
+		return fail(err)
+	}
+	if err := b.resetStatements(ctx, db); err != nil {
+		return fail(err)
+	}
+	if lv.prod, err = newProducer(ctx, db, o.w4Producers, o.streams, o.w4Tick); err != nil {
+		return fail(err)
+	}
+	if lv.total, err = lv.prod.run(ctx, 200, 2*time.Second); err != nil {
+		return fail(err)
+	}
+	if _, _, err := b.waitAccounted(ctx, db, p, targets, lv.total, false); err != nil {
+		return fail(err)
+	}
+	return lv, nil
+}
+
+// close stops the producer and the engine (if still running).
+func (lv *liveRun) close(ctx context.Context) {
+	if lv.prod != nil {
+		lv.prod.close(context.WithoutCancel(ctx))
+	}
+	_ = lv.p.stop()
+}
+
 // liveRun is what W4's steps share: the engine, the producer, and the
 // events appended so far.
 type liveRun struct {
@@ -98,6 +114,7 @@ type liveRun struct {
 	targets []target
 	step    time.Duration
 	total   int64
+	table   string // the read model whose rows time the events; "" = account_activity
 }
 
 // liveStep runs the producer at rate for one step and measures it. With a
@@ -138,7 +155,8 @@ func (b *bench) liveStep(ctx context.Context, lv *liveRun, rate int, paired *flo
 	}
 	row.PeakRSSMB = mb(s1.hwm)
 	row.OtherCores = otherCores(s0, s1)
-	if err := latency(ctx, lv.db, pos0, pos1, &row); err != nil {
+	row.Poison = lv.prod.poison
+	if err := latency(ctx, lv.db, lv.table, pos0, pos1, &row); err != nil {
 		return row, err
 	}
 	if paired != nil {
@@ -198,22 +216,28 @@ func maxPosition(ctx context.Context, db *database) (int64, error) {
 }
 
 // latency fills the percentiles of the commit-to-commit latency of the
-// events with position in (lo, hi].
-func latency(ctx context.Context, db *database, lo, hi int64, row *LatencyRow) error {
-	var measured int64
+// events with position in (lo, hi] that table (default account_activity)
+// has a row of: all but the poison (a reference too long for W4P's
+// varchar(40)), which is dead-lettered.
+func latency(ctx context.Context, db *database, table string, lo, hi int64, row *LatencyRow) error {
+	if table == "" {
+		table = "account_activity"
+	}
+	var measured, want int64
 	err := db.pool.QueryRow(ctx, `
 SELECT count(*),
   coalesce(percentile_cont(0.5) WITHIN GROUP (ORDER BY ms), 0),
   coalesce(percentile_cont(0.99) WITHIN GROUP (ORDER BY ms), 0),
-  coalesce(max(ms), 0)
+  coalesce(max(ms), 0),
+  (SELECT count(*) FROM events WHERE position > $1 AND position <= $2 AND coalesce(length(data->>'reference'), 0) <= 40)
 FROM (SELECT extract(epoch FROM pg_xact_commit_timestamp(a.xmin) - pg_xact_commit_timestamp(e.xmin)) * 1000 AS ms
-      FROM events e JOIN account_activity a ON a.event_id = e.id
-      WHERE e.position > $1 AND e.position <= $2) l`, lo, hi).Scan(&measured, &row.P50, &row.P99, &row.Max)
+      FROM events e JOIN `+pgx.Identifier{table}.Sanitize()+` a ON a.event_id = e.id
+      WHERE e.position > $1 AND e.position <= $2) l`, lo, hi).Scan(&measured, &row.P50, &row.P99, &row.Max, &want)
 	if err != nil {
 		return fmt.Errorf("latency: %w", err)
 	}
-	if measured != hi-lo {
-		return fmt.Errorf("latency: %d of %d events have a read-model row", measured, hi-lo)
+	if measured != want {
+		return fmt.Errorf("latency: %d of %d events have a read-model row", measured, want)
 	}
 	return nil
 }
@@ -288,6 +312,7 @@ type producer struct {
 	next    [][]int64 // per connection, per owned stream: next stream_position
 	cursor  []int     // per connection: next owned stream to write to
 	seq     int64     // events appended so far (for payloads)
+	poison  float64   // share of deposits and withdrawals with a reference too long for varchar(40)
 	mu      sync.Mutex
 }
 
@@ -392,8 +417,12 @@ func (p *producer) append(ctx context.Context, k int, n int64) error {
 			if r%3 == 0 {
 				types[i] = "Withdrawn"
 			}
-			data[i] = fmt.Sprintf(`{"account_id":%q,"amount":%d,"currency":"EUR","reference":"tx-%d","channel":"card","description":"payment %d for order %d"}`,
-				acct, 1+r%1000, seq+i, seq+i, r%100000)
+			ref := fmt.Sprintf("tx-%d", seq+i)
+			if p.poison > 0 && rand.Float64() < p.poison {
+				ref = strings.Repeat("r", 40) + ref
+			}
+			data[i] = fmt.Sprintf(`{"account_id":%q,"amount":%d,"currency":"EUR","reference":%q,"channel":"card","description":"payment %d for order %d"}`,
+				acct, 1+r%1000, ref, seq+i, r%100000)
 		}
 		meta[i] = fmt.Sprintf(`{"correlation_id":%q,"causation_id":%q,"user_id":"user-%d","source":"bench","schema_version":1}`,
 			uuid(), uuid(), stream%500)

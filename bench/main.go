@@ -49,7 +49,7 @@ type options struct {
 	baseline                     string
 }
 
-var allWorkloads = []string{"W1", "W2", "W3", "W4", "W5"}
+var allWorkloads = []string{"W1", "W2", "W3", "W4", "W5", "W6", "W4P"}
 
 // presentationFlags may be set without making a run "quick": they do not
 // change what is measured.
@@ -77,7 +77,7 @@ func parseFlags(args []string) (options, error) {
 	fs.StringVar(&o.bin, "bin", "bin/pgscribe", "pgscribe binary to run")
 	fs.StringVar(&o.configPath, "config", "config.toml.example", "configuration whose projections the workloads run")
 	fs.StringVar(&o.schemaPath, "schema", "examples/demo/schema.sql", "read-model tables of those projections")
-	workloads := fs.String("workloads", strings.Join(allWorkloads, ","), "workloads to run, comma separated (W1…W5)")
+	workloads := fs.String("workloads", strings.Join(allWorkloads, ","), "workloads to run, comma separated (W1…W6, W4P)")
 	fs.Float64Var(&o.scale, "scale", 1, "multiplies event counts, the loop slice and W4 durations (0.1 = smoke run)")
 	fs.Int64Var(&o.events, "events", 1_000_000, "events of the backfill and catch-up workloads (before -scale)")
 	fs.Int64Var(&o.streams, "streams", 10_000, "streams (accounts) the events spread over")
@@ -232,6 +232,8 @@ func run(ctx context.Context, o options) error {
 		}},
 		{"W4", b.live},
 		{"W5", func(ctx context.Context) error { return b.catchUp(ctx, hist) }},
+		{"W6", func(ctx context.Context) error { return b.w6(ctx, hist) }},
+		{"W4P", b.livePoison},
 	}
 	for _, s := range steps {
 		if !o.has(s.id) {

@@ -61,12 +61,13 @@ func (r *Results) markdown() string {
 					optFloat(row.PGCPUPerEvent), optFloat(row.PeakRSSMB), optCores(row.OtherCores), ratio(row))
 			}
 			p("")
+			w6Table(p, w.Rows)
 		}
 		if len(w.Latency) > 0 {
 			p("| producer rate | achieved events/s | events | p50 ms | p99 ms | max ms | CPU µs/event | PG CPU µs/event | peak RSS MB | other cores | load |")
 			p("|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|---|")
 			for _, l := range w.Latency {
-				p("| %s/s | %s | %s | %.1f | %.1f | %.1f | %.1f | %s | %.1f | %s | %s |", thousands(int64(l.TargetRate)),
+				p("| %s | %s | %s | %.1f | %.1f | %.1f | %.1f | %s | %.1f | %s | %s |", rateLabel(l),
 					thousands(int64(l.Achieved)), thousands(l.Events), l.P50, l.P99, l.Max, l.CPUPerEvent,
 					optFloat(l.PGCPUPerEvent), l.PeakRSSMB, optCores(l.OtherCores), l.Load)
 			}
@@ -337,4 +338,30 @@ func upperFirst(s string) string {
 		return s
 	}
 	return strings.ToUpper(s[:1]) + s[1:]
+}
+
+// w6Table shows what the engine logs said about poison and shared rows,
+// for the rows that carry it (W6).
+func w6Table(p func(string, ...any), rows []Row) {
+	if !slices.ContainsFunc(rows, func(r Row) bool { return r.Poison != nil }) {
+		return
+	}
+	p("| | dead letters (expected) | isolated batches | isolation attempts | deadlock (40P01) retries |")
+	p("|---|--:|--:|--:|--:|")
+	for _, r := range rows {
+		if c := r.Poison; c != nil {
+			p("| %s | %s (%s) | %s | %s | %s |", r.Label, thousands(c.DeadLettered), thousands(c.Expected),
+				thousands(c.IsolatedBatches), thousands(c.IsolationAttempts), thousands(c.DeadlockRetries))
+		}
+	}
+	p("")
+}
+
+// rateLabel is a W4 step's producer rate, with its poison share if any.
+func rateLabel(l LatencyRow) string {
+	s := thousands(int64(l.TargetRate)) + "/s"
+	if l.Poison > 0 {
+		s += fmt.Sprintf(", %.1f%% poison", 100*l.Poison)
+	}
+	return s
 }

@@ -71,24 +71,26 @@ type Statement struct {
 // Row is one way of building a read model: the engine, or a reference.
 // CPU figures are µs per event; -1 means not measured.
 type Row struct {
-	Kind          string  `json:"kind"` // engine | sql | loop
-	Label         string  `json:"label"`
-	Projection    string  `json:"projection"` // "*" for all projections of a run
-	Events        int64   `json:"events"`
-	Seconds       float64 `json:"seconds"`
-	Rate          float64 `json:"rate"`     // events/s, wall clock measured from outside
-	LogRate       float64 `json:"log_rate"` // the engine's own `backfill complete` figure
-	CPUPerEvent   float64 `json:"cpu_us_per_event"`
-	PGCPUPerEvent float64 `json:"pg_cpu_us_per_event"`
-	PeakRSSMB     float64 `json:"peak_rss_mb"`
-	EngineRatio   float64 `json:"engine_ratio"` // engine events/s ÷ this row's
-	InProcess     bool    `json:"in_process"`
-	OtherCores    float64 `json:"other_cores"` // engine rows: cores busy outside the engine and PostgreSQL; -1 not measured
+	Kind          string        `json:"kind"` // engine | sql | loop
+	Label         string        `json:"label"`
+	Projection    string        `json:"projection"` // "*" for all projections of a run
+	Events        int64         `json:"events"`
+	Seconds       float64       `json:"seconds"`
+	Rate          float64       `json:"rate"`     // events/s, wall clock measured from outside
+	LogRate       float64       `json:"log_rate"` // the engine's own `backfill complete` figure
+	CPUPerEvent   float64       `json:"cpu_us_per_event"`
+	PGCPUPerEvent float64       `json:"pg_cpu_us_per_event"`
+	PeakRSSMB     float64       `json:"peak_rss_mb"`
+	EngineRatio   float64       `json:"engine_ratio"` // engine events/s ÷ this row's
+	InProcess     bool          `json:"in_process"`
+	OtherCores    float64       `json:"other_cores"`      // engine rows: cores busy outside the engine and PostgreSQL; -1 not measured
+	Poison        *PoisonCounts `json:"poison,omitempty"` // W6 engine rows: isolation, deadlocks, dead letters
 }
 
 // LatencyRow is one W4 load step.
 type LatencyRow struct {
 	TargetRate    int     `json:"target_rate"`
+	Poison        float64 `json:"poison,omitempty"` // share of events that are poison (W4p)
 	Achieved      float64 `json:"achieved_rate"`
 	Seconds       float64 `json:"seconds"`
 	Events        int64   `json:"events"`

@@ -56,7 +56,8 @@ type Source struct {
 	Columns     Columns // physical column names
 }
 
-// Columns maps the logical event fields to the table's column names.
+// Columns maps the logical event fields to the table's column names. ID,
+// Metadata and OccurredAt may be empty: the table has no such column.
 type Columns struct {
 	Position, ID, StreamID, StreamPosition, Type, Data, Metadata, OccurredAt string
 }

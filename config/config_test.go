@@ -111,7 +111,8 @@ func TestLoadErrors(t *testing.T) {
 		{name: "slot_prefix upper case", src: "[source]\nslot_prefix = \"Pg\" # HERE\n", wantErr: true, wantKey: "source.slot_prefix"},
 		{name: "publication empty", src: "[source]\npublication = \"\" # HERE\n", wantErr: true, wantKey: "source.publication"},
 		{name: "publication too long", src: "[source]\npublication = \"" + strings.Repeat("p", 64) + "\" # HERE\n", wantErr: true, wantKey: "source.publication"},
-		{name: "column empty", src: "[source.columns]\nid = \"\" # HERE\n", wantErr: true, wantKey: "source.columns.id"},
+		{name: "column empty", src: "[source.columns]\nstream_id = \"\" # HERE\n", wantErr: true, wantKey: "source.columns.stream_id"},
+		{name: "optional columns absent", src: "[source.columns]\nid = \"\"\nmetadata = \"\"\noccurred_at = \"\"\n"},
 		{name: "column mapped twice", src: "[source.columns]\nid = \"position\" # HERE\n", wantErr: true, wantKey: "source.columns.id"},
 		{name: "columns remapped", src: "[source.columns]\nid = \"event_id\"\nposition = \"seq\"\n"},
 
@@ -781,8 +782,8 @@ func TestLoadSettingsSkipsRules(t *testing.T) {
 	if err != nil {
 		t.Fatalf("LoadSettings: %v", err)
 	}
-	if c.Engine.Schema != "eng" || len(c.Projections) != 0 {
-		t.Errorf("got schema %q and %d projections", c.Engine.Schema, len(c.Projections))
+	if c.Engine.Schema != "eng" || len(c.Projections) != 1 || len(c.Projections[0].Rules) != 0 {
+		t.Errorf("got schema %q and projections %+v", c.Engine.Schema, c.Projections)
 	}
 	if _, err := LoadSettings(writeConfig(t, "[engine]\nbatch_size = \"x\"\n"+bad)); err == nil {
 		t.Error("LoadSettings accepted a bad engine setting")

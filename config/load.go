@@ -29,10 +29,11 @@ import (
 // run offline; commands that connect call RequireDatabase.
 func Load(path string) (*Config, error) { return loadFile(path, true) }
 
-// LoadSettings is Load without [[projection]]: it reads and validates
-// every other table and leaves Projections empty, so that a command that
-// needs no rules (migrate) is not refused for a rule's mistake. Unknown
-// top-level keys are still errors.
+// LoadSettings is Load without the rules: it reads and validates every
+// table, and of each [[projection]] its identity and deployment keys
+// (name, version, schema, serve, ddl, start_after_position), leaving Rules
+// empty, so that a command that needs no rules (migrate) is not refused for
+// a rule's mistake. Unknown keys are still errors.
 func LoadSettings(path string) (*Config, error) { return loadFile(path, false) }
 
 func loadFile(path string, withRules bool) (*Config, error) {
@@ -71,11 +72,7 @@ func load(file, src string, withRules bool) (*Config, error) {
 	d.retry(root.sub("retry"), &c.Retry)
 	d.metrics(root.sub("metrics"), &c.Metrics)
 	d.log(root.sub("log"), &c.Log)
-	if withRules {
-		c.Projections = d.projections(root, c.Source.SlotPrefix)
-	} else {
-		root.get("projection") // known, not read
-	}
+	c.Projections = d.projections(root, c.Source.SlotPrefix, withRules)
 	root.done()
 
 	if len(d.errs) > 0 {
@@ -316,22 +313,32 @@ func (d *decoder) source(t *table, s *Source) {
 		"may contain only lower-case letters, digits and underscores (it starts replication slot names)")
 
 	ct := t.sub("columns")
+	// id, metadata and occurred_at may be "": the events table has no such
+	// column (an event then has an empty id, no metadata, no time).
 	cols := []struct {
-		key string
-		dst *string
+		key      string
+		dst      *string
+		optional bool
 	}{
-		{"position", &s.Columns.Position},
-		{"id", &s.Columns.ID},
-		{"stream_id", &s.Columns.StreamID},
-		{"stream_position", &s.Columns.StreamPosition},
-		{"type", &s.Columns.Type},
-		{"data", &s.Columns.Data},
-		{"metadata", &s.Columns.Metadata},
-		{"occurred_at", &s.Columns.OccurredAt},
+		{"position", &s.Columns.Position, false},
+		{"id", &s.Columns.ID, true},
+		{"stream_id", &s.Columns.StreamID, false},
+		{"stream_position", &s.Columns.StreamPosition, false},
+		{"type", &s.Columns.Type, false},
+		{"data", &s.Columns.Data, false},
+		{"metadata", &s.Columns.Metadata, true},
+		{"occurred_at", &s.Columns.OccurredAt, true},
 	}
 	mappedBy := map[string]string{}
 	for _, col := range cols {
-		ct.name(col.key, col.dst)
+		if col.optional {
+			ct.str(col.key, col.dst)
+		} else {
+			ct.name(col.key, col.dst)
+		}
+		if *col.dst == "" {
+			continue
+		}
 		if other, dup := mappedBy[*col.dst]; dup {
 			d.fail(ct.path.key(col.key), "column %q is already mapped by %s", *col.dst, other)
 		}

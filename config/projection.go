@@ -1,6 +1,9 @@
 package config
 
 import (
+	"errors"
+	"os"
+	"path/filepath"
 	"regexp"
 	"slices"
 	"strings"
@@ -13,6 +16,14 @@ import (
 // names, which allow only lower-case letters, digits and underscores.
 var projectionNameRE = regexp.MustCompile(`^[a-z][a-z0-9_]*$`)
 
+// schemaNameRE keeps a version's schema and serve names plain lower-case
+// identifiers: they are quoted in SQL anyway, but a name that needs quotes
+// would surprise readers writing unquoted queries against the served views,
+// and a dot would read as a qualified table.
+var schemaNameRE = regexp.MustCompile(`^[a-z_][a-z0-9_]*$`)
+
+const schemaNameRule = "must start with a lower-case letter or underscore and contain only lower-case letters, digits and underscores"
+
 type projectionID struct {
 	name    string
 	version int64
@@ -20,7 +31,11 @@ type projectionID struct {
 
 // projections decodes [[projection]]; slotPrefix is the final
 // source.slot_prefix, needed to check slot name lengths.
-func (d *decoder) projections(root *table, slotPrefix string) []rules.Spec {
+//
+// Without withRules (LoadSettings) the rules are not read: each Spec has
+// its identity and deployment keys (schema, serve, ddl,
+// start_after_position) and no Rules.
+func (d *decoder) projections(root *table, slotPrefix string, withRules bool) []rules.Spec {
 	v, p, ok := root.get("projection")
 	if !ok {
 		return nil
@@ -32,15 +47,26 @@ func (d *decoder) projections(root *table, slotPrefix string) []rules.Spec {
 	}
 	specs := make([]rules.Spec, 0, len(elems))
 	first := map[projectionID]keyPath{}
+	schemas := map[string]keyPath{} // version schema → where first set
 	for i, e := range elems {
 		pp := p.index(i)
 		if _, ok := e.(map[string]any); !ok {
 			d.fail(pp, "must be a table, not %s", typeName(e))
 			continue
 		}
-		spec := d.projection(d.table(pp, e), slotPrefix)
+		spec := d.projection(d.table(pp, e), slotPrefix, withRules)
 		if spec.Name == "" || spec.Version < 1 {
 			continue // already reported
+		}
+		if spec.Schema != "" {
+			// Two versions writing one schema's tables would be one
+			// version's read model built twice.
+			if prev, dup := schemas[spec.Schema]; dup {
+				d.fail(pp.key("schema"), "schema %q is already the schema of the projection at line %d: each version needs its own",
+					spec.Schema, d.lines.line(prev))
+			} else {
+				schemas[spec.Schema] = pp.key("schema")
+			}
 		}
 		id := projectionID{spec.Name, spec.Version}
 		if prev, dup := first[id]; dup {
@@ -54,7 +80,7 @@ func (d *decoder) projections(root *table, slotPrefix string) []rules.Spec {
 	return specs
 }
 
-func (d *decoder) projection(t *table, slotPrefix string) rules.Spec {
+func (d *decoder) projection(t *table, slotPrefix string, withRules bool) rules.Spec {
 	s := rules.Spec{OnError: rules.OnErrorDeadLetter}
 	if !t.matching("name", &s.Name, projectionNameRE,
 		"must start with a lower-case letter and contain only lower-case letters, digits and underscores (it becomes part of a replication slot name)") &&
@@ -81,8 +107,13 @@ func (d *decoder) projection(t *table, slotPrefix string) rules.Spec {
 	}
 
 	t.oneOf("on_error", &s.OnError, rules.OnErrorValues...)
+	d.deployment(t, &s)
 
 	v, rp, ok := t.get("rule")
+	if !withRules {
+		t.done()
+		return s
+	}
 	elems, isArray := tableArray(v)
 	switch {
 	case !ok:
@@ -110,6 +141,54 @@ func (d *decoder) projection(t *table, slotPrefix string) rules.Spec {
 	}
 	t.done()
 	return s
+}
+
+// deployment decodes the keys that place a version beside others: schema,
+// serve, ddl and start_after_position.
+func (d *decoder) deployment(t *table, s *rules.Spec) {
+	for _, k := range []struct {
+		key string
+		dst *string
+	}{{"schema", &s.Schema}, {"serve", &s.Serve}} {
+		if t.matching(k.key, k.dst, schemaNameRE, schemaNameRule) && len(*k.dst) > maxIdentLen {
+			d.fail(t.path.key(k.key), "must be at most %d bytes", maxIdentLen)
+			*k.dst = ""
+		}
+	}
+	// pgscribe never guesses a schema: serving or running DDL for a
+	// version whose tables have no schema of their own would mean writing
+	// over whatever the search_path finds.
+	if s.Serve != "" {
+		switch {
+		case s.Schema == "" && !d.failedUnder(t.path.key("schema")):
+			d.fail(t.path.key("serve"), "needs schema: promote points %s.<table> at views of this version's schema", s.Serve)
+		case s.Serve == s.Schema:
+			d.fail(t.path.key("serve"), "must differ from schema %q: the stable names are views over this version's tables", s.Schema)
+		}
+	}
+	var ddl string
+	if t.name("ddl", &ddl) {
+		if s.Schema == "" && !d.failedUnder(t.path.key("schema")) {
+			d.fail(t.path.key("ddl"), "needs schema: migrate runs the file with search_path set to this version's schema")
+		}
+		if !filepath.IsAbs(ddl) {
+			ddl = filepath.Join(filepath.Dir(d.file), ddl)
+		}
+		if fi, err := os.Stat(ddl); err != nil {
+			d.fail(t.path.key("ddl"), "cannot read %s: %v", ddl, errors.Unwrap(err))
+		} else if fi.IsDir() {
+			d.fail(t.path.key("ddl"), "%s is a directory, not a SQL file", ddl)
+		}
+		s.DDL = ddl
+	}
+	var after int64
+	if t.integer("start_after_position", &after) {
+		if after < 1 {
+			d.fail(t.path.key("start_after_position"), "must be at least 1 (the last position the replaced projector applied), not %d", after)
+		} else {
+			s.StartAfterPosition = after
+		}
+	}
 }
 
 func (d *decoder) rule(t *table) rules.RuleSpec {

@@ -64,12 +64,28 @@ type Watermark struct {
 	UpdatedAt     time.Time
 }
 
-// Totals sums a projection version's cursors.
+// Totals sums a projection version's cursors. Adopted counts the events a
+// version took over from the projector it replaced (start_after_position).
 type Totals struct {
-	Streams, Applied, Skipped, DeadLettered int64
+	Streams, Applied, Skipped, DeadLettered, Adopted int64
 	// Parked counts events held by parked streams, ParkedStreams those
 	// streams (on_error = "park").
 	Parked, ParkedStreams int64
+}
+
+// Accounted is every event the cursors account for: applied, skipped,
+// dead-lettered, adopted or parked. Conservation holds when it equals the
+// number of source events.
+func (t Totals) Accounted() int64 {
+	return t.Applied + t.Skipped + t.DeadLettered + t.Adopted + t.Parked
+}
+
+// Head is where a stream stands at an adopted position: its last event at
+// or below it, and how many of its events are at or below it.
+type Head struct {
+	StreamID                 string
+	StreamPosition, Position int64
+	Events                   int64
 }
 
 // Store reads and writes one projection version's cursors and watermark in
@@ -82,6 +98,7 @@ type Store struct {
 	loadSQL, advanceSQL                      string
 	loadWatermarkSQL, saveWatermarkSQL       string
 	setPhaseSQL, totalsSQL, hasSQL, resetSQL string
+	adoptSQL                                 string
 }
 
 // New returns the store of projection version in the engine schema.
@@ -152,9 +169,14 @@ ON CONFLICT (projection, version) DO UPDATE SET
   backfill_done = excluded.backfill_done, updated_at = now()`,
 
 		totalsSQL: `SELECT count(*), coalesce(sum(applied), 0)::bigint,
-  coalesce(sum(skipped), 0)::bigint, coalesce(sum(dead_lettered), 0)::bigint,
+  coalesce(sum(skipped), 0)::bigint, coalesce(sum(dead_lettered), 0)::bigint, coalesce(sum(adopted), 0)::bigint,
   coalesce(sum(parked), 0)::bigint, count(*) FILTER (WHERE parked_since IS NOT NULL)
 FROM ` + cursors + " WHERE " + this,
+
+		adoptSQL: "INSERT INTO " + cursors + `
+  (projection, version, stream_id, stream_position, position, adopted)
+SELECT $1, $2, u.stream_id, u.stream_position, u.position, u.adopted
+FROM unnest($3::text[], $4::bigint[], $5::bigint[], $6::bigint[]) AS u (stream_id, stream_position, position, adopted)`,
 
 		hasSQL: "SELECT EXISTS (SELECT 1 FROM " + cursors + " WHERE " + this + ")",
 
@@ -325,13 +347,35 @@ func checkPhase(phase string, emptyOK bool) error {
 	return fmt.Errorf("unknown phase %q", phase)
 }
 
+// Adopt writes the cursors of a version's first start from heads (see
+// Head): each stream's events at or below the adopted position count as
+// adopted, and the batches that follow skip them like any event at or
+// below a cursor. The version must have no cursor for these streams yet
+// (a primary-key violation otherwise): adoption happens once, in the same
+// transaction for every stream, so that a crash leaves all or none.
+func (s *Store) Adopt(ctx context.Context, q event.Querier, heads []Head) error {
+	if len(heads) == 0 {
+		return nil
+	}
+	n := len(heads)
+	ids := make([]string, n)
+	spos, pos, count := make([]int64, n), make([]int64, n), make([]int64, n)
+	for i, h := range heads {
+		ids[i], spos[i], pos[i], count[i] = h.StreamID, h.StreamPosition, h.Position, h.Events
+	}
+	if _, err := q.Exec(ctx, s.adoptSQL, s.projection, s.version, ids, spos, pos, count); err != nil {
+		return fmt.Errorf("adopt cursors: %w", err)
+	}
+	return nil
+}
+
 // Totals sums the version's cursors: how many streams it has seen and how
 // their events were accounted for. Conservation holds when
-// Applied+Skipped+DeadLettered+Parked equals the number of source events.
+// Totals.Accounted equals the number of source events.
 func (s *Store) Totals(ctx context.Context, q event.Querier) (Totals, error) {
 	var t Totals
 	if err := q.QueryRow(ctx, s.totalsSQL, s.projection, s.version).Scan(
-		&t.Streams, &t.Applied, &t.Skipped, &t.DeadLettered, &t.Parked, &t.ParkedStreams); err != nil {
+		&t.Streams, &t.Applied, &t.Skipped, &t.DeadLettered, &t.Adopted, &t.Parked, &t.ParkedStreams); err != nil {
 		return Totals{}, fmt.Errorf("cursor totals: %w", err)
 	}
 	return t, nil

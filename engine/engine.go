@@ -58,6 +58,10 @@ type Projection struct {
 	state   atomic.Value // State
 	caught  atomic.Bool  // live and nothing in flight at the last lag tick
 	haltErr atomic.Value // error
+
+	// Set and read by Run's goroutine only (sessions run on it).
+	resync     string // why the next session must resync from a new snapshot; "" = plan decides
+	resyncedAt string // source fingerprint of the last resync sourceFault decided
 }
 
 // New prepares a projection. hard is cancelled on a hard stop (second
@@ -118,13 +122,25 @@ func (p *Projection) Run(ctx context.Context) error {
 		start := time.Now()
 		err = p.activeSession(ctx, lease, ctl)
 		end := classifyEnd(err)
+		// A source halt keeps the lock and probes; once its cause is gone
+		// a new session runs under the same lease.
+		for end == endSourceHalt && ctx.Err() == nil {
+			if ferr := p.sourceFault(ctx, lease, err, ctl); ferr != nil {
+				err, end = ferr, classifyEnd(ferr)
+				break
+			}
+			start = time.Now()
+			err = p.activeSession(ctx, lease, ctl)
+			end = classifyEnd(err)
+		}
 		if end == endHalt && ctx.Err() == nil {
 			var halt *apply.HaltError
 			errors.As(err, &halt)
 			p.haltErr.Store(err)
 			p.setState(StateHalted)
+			p.metrics.Halt(stageCommit, halt.SQLState)
 			p.log.Error("projection halted: fix the cause, then pgscribe resume (or restart pgscribe); nothing of the failing batch was acknowledged",
-				"sqlstate", halt.SQLState, "table", halt.Table, "reason", halt.Reason, "err", halt.Err)
+				"stage", stageCommit, "sqlstate", halt.SQLState, "table", halt.Table, "reason", halt.Reason, "err", halt.Err)
 			woken := p.holdHalted(ctx, lease, halt, ctl)
 			ctl.close()
 			lease.Release(context.WithoutCancel(ctx))
@@ -166,17 +182,19 @@ func (p *Projection) Run(ctx context.Context) error {
 type ending int
 
 const (
-	endRestart ending = iota // restart the pipeline after a backoff
-	endStandby               // another node owns the projection: stand by at once
-	endHalt                  // hold the lock, halted, until the process stops
+	endRestart    ending = iota // restart the pipeline after a backoff
+	endStandby                  // another node owns the projection: stand by at once
+	endHalt                     // hold the lock, halted, until the process stops
+	endSourceHalt               // hold the lock, halted or resyncing, until the source can be read (sourceFault)
 )
 
 // classifyEnd is the one place that decides, from the error a session
 // ended with, between restarting, standing by and halting. A commit
-// classified the batch's error already (apply.HaltError). Every other
-// error, the source's included (slot, snapshot, stream), restarts today,
-// whatever its class: a structural source error (sqlstate.Classify) is
-// where a halt would be decided.
+// classified the batch's error already (apply.HaltError). A source error
+// (connect, slot, snapshot, stream: sourceError) is classified here with
+// the same taxonomy (replication.Classify): a structural one halts the
+// source (sourceFault), a transient one — connection loss, 08xxx, 53xxx,
+// 57P0x — restarts with backoff like every other error.
 func classifyEnd(err error) ending {
 	var halt *apply.HaltError
 	switch {
@@ -184,6 +202,8 @@ func classifyEnd(err error) ending {
 		return endHalt
 	case errors.Is(err, event.ErrFenced), errors.Is(err, leader.ErrLost):
 		return endStandby
+	case sourceStructural(err):
+		return endSourceHalt
 	}
 	return endRestart
 }
@@ -260,10 +280,12 @@ func (p *Projection) releaseSlot() {
 // ends). Holding a slot while polling a lock that another node holds would
 // keep this node's other projections from ever trying theirs.
 func (p *Projection) acquire(ctx context.Context) (*leader.Lease, error) {
-	logged := false
+	logged, lockHalted := false, false
 	for {
 		if p.slots != nil {
-			p.setState(StateStandby) // not active while waiting for a slot
+			if !lockHalted {
+				p.setState(StateStandby) // not active while waiting for a slot
+			}
 			select {
 			case p.slots <- struct{}{}:
 			case <-ctx.Done():
@@ -278,11 +300,16 @@ func (p *Projection) acquire(ctx context.Context) (*leader.Lease, error) {
 			if ctx.Err() != nil {
 				return nil, nil
 			}
-			p.log.Warn("lock attempt failed", "err", err)
-		} else if l != nil {
+			lockHalted = p.lockFault(err, lockHalted)
+		} else if lockHalted {
+			p.log.Info("lock fault cleared: resuming", "stage", stageLock)
+			lockHalted, logged = false, false
+			p.setState(StateStarting)
+		}
+		if err == nil && l != nil {
 			p.log.Info("acquired lock", "epoch", l.Epoch, "node", p.cfg.Engine.Node)
 			return l, nil
-		} else if !logged {
+		} else if err == nil && !logged {
 			p.setState(StateStandby)
 			p.log.Info("standing by: another node holds the lock")
 			logged = true

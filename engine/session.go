@@ -2,6 +2,7 @@ package engine
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"sync/atomic"
@@ -37,6 +38,7 @@ type session struct {
 	retry sqlstate.Policy // [retry]: of batches and of the session's fenced writes
 
 	rebuild     bool        // backfill from a new snapshot before streaming
+	adopt       bool        // first start with start_after_position: adopt before the backfill
 	backfilling atomic.Bool // until the backfill's last event committed
 	ledger      *ledger
 	parts       *apply.Partitions
@@ -48,8 +50,7 @@ type session struct {
 // session runs one active period while lease is held.
 func (p *Projection) session(ctx context.Context, lease *leader.Lease, ctl *controls) error {
 	s := &session{Projection: p, lease: lease, ctl: ctl, store: cursor.New(p.cfg.Engine.Schema, p.spec.Name, p.spec.Version),
-		src: replication.Source{URL: p.cfg.Database.URL, Table: p.cfg.Source.Table, Publication: p.cfg.Source.Publication,
-			Slot: p.slot, Columns: replication.Columns(p.cfg.Source.Columns)},
+		src:   p.source(),
 		retry: sqlstate.Policy{MaxAttempts: p.cfg.Retry.MaxAttempts, Backoff: p.cfg.Retry.Backoff, MaxBackoff: p.cfg.Retry.MaxBackoff}}
 	return s.run(ctx)
 }
@@ -62,6 +63,10 @@ func (s *session) run(ctx context.Context) error {
 	}
 	defer s.pool.Close()
 	defer s.srcConn.Close(context.WithoutCancel(ctx))
+	// A column pgscribe cannot read halts now, not at the first event.
+	if err := replication.CheckTable(ctx, s.srcConn, s.src); err != nil {
+		return sourceHalt(err)
+	}
 	confirmed, err := s.plan(ctx)
 	if err != nil {
 		return err
@@ -102,6 +107,7 @@ func (s *session) run(ctx context.Context) error {
 	go func() { defer close(ctlDone); s.obeyControls(sessCtx, cancel) }()
 
 	replConn, err := replication.ConnectReplication(sessCtx, s.cfg.Database.URL)
+	err = atSource(err)
 	if err == nil {
 		defer replConn.Close(context.WithoutCancel(ctx))
 		err = s.replicate(sessCtx, replConn)
@@ -125,6 +131,16 @@ func (s *session) run(ctx context.Context) error {
 	}
 	if s.pausing.Load() {
 		return errPaused
+	}
+	return sourceHalt(err)
+}
+
+// sourceHalt makes a source error that no retry can get past a halt: an
+// events table pgscribe cannot read, or an insert into a relation it
+// cannot map to the events table.
+func sourceHalt(err error) error {
+	if errors.Is(err, replication.ErrUnreadable) || errors.Is(err, replication.ErrForeignRelation) {
+		return &apply.HaltError{Reason: "source events table", Err: err}
 	}
 	return err
 }
@@ -162,7 +178,7 @@ func (s *session) connect(ctx context.Context) error {
 	srcConn, err := pgx.Connect(ctx, cfg.Database.URL)
 	if err != nil {
 		pool.Close()
-		return fmt.Errorf("connect source: %w", err)
+		return atSource(fmt.Errorf("connect source: %w", err))
 	}
 	s.pool, s.srcConn = pool, srcConn
 	return nil
@@ -179,14 +195,22 @@ func (s *session) plan(ctx context.Context) (event.LSN, error) {
 	}
 	slot, err := replication.InspectSlot(ctx, s.srcConn, s.slot)
 	if err != nil {
-		return 0, err
+		return 0, atSource(err)
 	}
 	hasCursors, err := s.store.HasCursors(ctx, s.pool)
 	if err != nil {
 		return 0, err
 	}
-	s.rebuild = !slot.Exists || slot.Lost() || !haveWM || wm.Phase != "live" || wm.SlotName != s.slot
+	resync := s.Projection.resync
+	s.Projection.resync = "" // one resync per decision; an interrupted one resumes as a backfill
+	s.rebuild = resync != "" || !slot.Exists || slot.Lost() || !haveWM || wm.Phase != "live" || wm.SlotName != s.slot
+	// Adoption is for a first start only: once any cursor exists, the
+	// cursors are the record of what is accounted for, and adopting again
+	// would count events twice.
+	s.adopt = s.rebuild && !hasCursors && s.spec.StartAfterPosition > 0
 	switch {
+	case resync != "":
+		s.log.Warn("resyncing from a new snapshot as for a lost slot, per-stream cursors skip what was applied: "+resync, "slot", s.slot)
 	case !s.rebuild:
 		s.log.Info("resuming from slot", "slot", s.slot, "confirmed_lsn", slot.Confirmed.String())
 	case hasCursors && slot.Lost():
@@ -200,14 +224,14 @@ func (s *session) plan(ctx context.Context) (event.LSN, error) {
 	}
 	if s.rebuild && slot.Exists {
 		if err := replication.DropSlot(ctx, s.srcConn, s.slot); err != nil {
-			return 0, err
+			return 0, atSource(err)
 		}
 	} else if !s.rebuild {
 		// A walsender left by a node that died or froze may still hold the
 		// slot; end it now rather than wait for its TCP timeout. (srcConn is
 		// used by the lag reporter from here on.)
 		if err := replication.TerminateSlotHolder(ctx, s.srcConn, s.slot); err != nil {
-			return 0, fmt.Errorf("free slot: %w", err)
+			return 0, atSource(fmt.Errorf("free slot: %w", err))
 		}
 	}
 	return slot.Confirmed, nil
@@ -247,9 +271,9 @@ func (s *session) replicate(ctx context.Context, replConn *pgconn.PgConn) error 
 		s.backfilling.Store(false)
 	}
 	s.setState(StateLive)
-	return replication.Stream(ctx, replConn, s.src, sink, replication.StreamOptions{
+	return atSlot(replication.Stream(ctx, replConn, s.src, sink, replication.StreamOptions{
 		StatusInterval: s.cfg.Engine.StatusInterval, StallTimeout: s.cfg.Engine.StallTimeout, Logger: s.log,
-	})
+	}))
 }
 
 // backfill creates the slot with an exported snapshot, applies every event
@@ -259,16 +283,16 @@ func (s *session) replicate(ctx context.Context, replConn *pgconn.PgConn) error 
 func (s *session) backfill(ctx context.Context, replConn *pgconn.PgConn, sink *ledgerSink) error {
 	consistent, snapName, err := replication.CreateSlot(ctx, replConn, s.slot)
 	if err != nil {
-		return err
+		return atSource(err)
 	}
 	snapConn, err := pgx.Connect(ctx, s.cfg.Database.URL)
 	if err != nil {
-		return fmt.Errorf("connect for snapshot: %w", err)
+		return atSource(fmt.Errorf("connect for snapshot: %w", err))
 	}
 	defer snapConn.Close(context.WithoutCancel(ctx))
 	snap, err := replication.OpenSnapshot(ctx, snapConn, s.src, snapName)
 	if err != nil {
-		return err
+		return atSource(err)
 	}
 	defer snap.Close(ctx)
 	// Backfill batches carry no commit time; the snapshot's newest commit
@@ -282,6 +306,11 @@ func (s *session) backfill(ctx context.Context, replConn *pgconn.PgConn, sink *l
 		s.log.Warn("commit time of the snapshot's newest events unknown", "err", err)
 	}
 	s.log.Info("backfill started", "slot", s.slot, "consistent_lsn", consistent.String(), "events", snap.Total)
+	if s.adopt {
+		if err := s.adoptHeads(ctx, snap); err != nil {
+			return err
+		}
+	}
 	if err := s.fenced(ctx, func(tx pgx.Tx) error {
 		return s.store.SaveWatermark(ctx, tx, cursor.Watermark{SlotName: s.slot, LSN: consistent, Phase: "backfilling",
 			BackfillTotal: snap.Total})
@@ -294,7 +323,7 @@ func (s *session) backfill(ctx context.Context, replConn *pgconn.PgConn, sink *l
 	for {
 		evs, err := snap.Next(ctx, s.cfg.Engine.BackfillBatchSize)
 		if err != nil {
-			return err
+			return atSource(err)
 		}
 		if len(evs) == 0 {
 			break
@@ -335,6 +364,44 @@ func (s *session) backfill(ctx context.Context, replConn *pgconn.PgConn, sink *l
 		"events_per_second", int64(float64(done)/max(el.Seconds(), 1e-9)))
 	return nil
 }
+
+// adoptHeads seeds the cursors of a first start with start_after_position
+// = N: under the slot's snapshot, each stream's last event at or below N
+// becomes its cursor, and its events at or below N count as adopted. All
+// streams commit in one fenced transaction, so a crash leaves all or none
+// (and a restart with none adopts again, from its own snapshot). The
+// backfill that follows reads the snapshot as always; the cursors make it
+// skip what was adopted.
+//
+// Events at or below N that commit after the snapshot was taken (positions
+// are not commit-ordered) are not in it and no cursor covers them (no later
+// event of their stream can have committed before them), so they are
+// applied when they stream in.
+func (s *session) adoptHeads(ctx context.Context, snap *replication.Snapshot) error {
+	n := s.spec.StartAfterPosition
+	var events, streams int64
+	err := s.fenced(ctx, func(tx pgx.Tx) error {
+		events, streams = 0, 0
+		return snap.Heads(ctx, n, adoptPage, func(hs []replication.Head) error {
+			heads := make([]cursor.Head, len(hs))
+			for i, h := range hs {
+				heads[i] = cursor.Head(h)
+				events += h.Events
+			}
+			streams += int64(len(hs))
+			return s.store.Adopt(ctx, tx, heads)
+		})
+	})
+	if err != nil {
+		return fmt.Errorf("adopt up to position %d: %w", n, err)
+	}
+	s.log.Info("adopted the replaced projector's work", "start_after_position", n, "streams", streams, "events", events)
+	return nil
+}
+
+// adoptPage is how many stream cursors one statement of the adoption
+// writes.
+const adoptPage = 5000
 
 // snapshotCommitTime returns the newest commit time among the last
 // snapshotCommitScan events (by position) that conn sees, zero when

@@ -31,6 +31,12 @@ func ParseLSN(s string) (LSN, error) {
 // float64. RawData and RawMetadata keep the original JSON text for dead
 // letters.
 //
+// ID is "" when the events table has no id column, OccurredAt the zero
+// time when it has no occurred_at column or the row holds NULL there.
+// Invalid, when set, is a field the source could not decode (an
+// occurred_at of infinity, for example): DecodeDocuments returns it, so
+// the event is dead-lettered rather than applied with a wrong value.
+//
 // CommitLSN and CommitTime come from the source transaction's commit as
 // delivered by logical replication; both are zero for events read by the
 // initial snapshot backfill.
@@ -45,6 +51,7 @@ type Event struct {
 	RawData        []byte
 	RawMetadata    []byte
 	OccurredAt     time.Time
+	Invalid        *DecodeError
 
 	CommitLSN  LSN
 	CommitTime time.Time

@@ -85,8 +85,12 @@ func (w Want) none() bool { return !w.All && len(w.Keys) == 0 }
 // those keys that it has. The replication stage leaves decoding to the
 // apply stage's partition workers, so it runs in parallel, off the single
 // reader goroutine. A document that is not JSON returns a *DecodeError
-// (whatever is wanted of it). Not safe for concurrent use on one Event.
+// (whatever is wanted of it), and so does an event whose Invalid is set.
+// Not safe for concurrent use on one Event.
 func (e *Event) DecodeDocuments(data, metadata Want) error {
+	if e.Invalid != nil {
+		return e.Invalid
+	}
 	if !data.none() && e.Data == nil {
 		d, err := decodeWanted(e.RawData, data)
 		if err != nil {

@@ -802,6 +802,11 @@ func TestCLIReset(t *testing.T) {
 	e, cfg := newCLIAccounts(t, "reset", cliBalances, accounts, 15)
 	p := e.start(cfg)
 	e.waitAccounted(p, "balances", 1)
+	// The cursors account for every event before the backfill records
+	// phase live: a stop in between leaves a backfill to resume.
+	waitFor(t, waitLong, "phase live", func() bool {
+		return e.queryInt(`SELECT count(*) FROM pgscribe.watermarks WHERE projection = 'balances' AND version = 1 AND phase = 'live'`) == 1
+	})
 	p.stop()
 	slot := e.prefix + "_balances_v1"
 	if d := e.balanceDiff(); d != 0 {

@@ -139,6 +139,7 @@ func TestKillDuringBackfillAndLive(t *testing.T) {
 	a.checkErrors()
 	r.waitCaughtUp(3 * time.Minute)
 	r.verify()
+	r.verifyCLI()
 	s.terminate(time.Minute)
 	t.Logf("%d kills; %d events appended by writers, %d conflicts retried", kills, a.events.Load(), a.retries.Load())
 }
@@ -200,5 +201,6 @@ func TestPostgresCrashUnderLoad(t *testing.T) {
 	a.checkErrors()
 	r.waitCaughtUp(2 * time.Minute)
 	r.verify()
+	r.verifyCLI()
 	s.terminate(time.Minute)
 }

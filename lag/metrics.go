@@ -15,6 +15,7 @@ import (
 type Metrics struct {
 	Events        *prometheus.CounterVec
 	Batches       *prometheus.CounterVec
+	Isolation     *prometheus.CounterVec
 	BatchDuration *prometheus.HistogramVec
 	BatchEvents   *prometheus.HistogramVec
 	LagSeconds    *prometheus.GaugeVec
@@ -25,6 +26,7 @@ type Metrics struct {
 	Active        *prometheus.GaugeVec
 	Halted        *prometheus.GaugeVec
 	Paused        *prometheus.GaugeVec
+	Halts         *prometheus.CounterVec
 	DeadLetters   *prometheus.CounterVec
 	StreamGaps    *prometheus.CounterVec
 	Reconnects    *prometheus.CounterVec
@@ -51,6 +53,8 @@ func NewMetrics(reg prometheus.Registerer, version string) *Metrics {
 			Help: "Source events accounted for, by outcome (applied, skipped, dead_lettered)."}, append(pv, "outcome")),
 		Batches: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "pgscribe_batches_total",
 			Help: "Batches by result (committed, retried, isolated, halted)."}, append(pv, "result")),
+		Isolation: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "pgscribe_isolation_attempts_total",
+			Help: "Segment attempts (savepoint round trips) made to find the events of isolated batches that fail an integrity check."}, pv),
 		BatchDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "pgscribe_batch_duration_seconds",
 			Help: "Time from a batch's first attempt to its commit.",
 			// Sub-millisecond (a few skipped events) to a minute (a batch
@@ -75,6 +79,9 @@ func NewMetrics(reg prometheus.Registerer, version string) *Metrics {
 			Help: "1 when the projection is halted on a structural failure."}, pv),
 		Paused: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "pgscribe_paused",
 			Help: "1 while an operator paused the projection (pgscribe pause) on the node holding its lock."}, pv),
+		Halts: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "pgscribe_halts_total",
+			Help: "Halts by stage (source, lock, commit) and SQLSTATE class (two characters; none without a SQLSTATE)."},
+			append(pv, "stage", "sqlstate_class")),
 		DeadLetters: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "pgscribe_dead_letters_total",
 			Help: "Dead-lettered events by error kind."}, append(pv, "error_kind")),
 		StreamGaps: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "pgscribe_stream_gaps_total",
@@ -99,8 +106,8 @@ func NewMetrics(reg prometheus.Registerer, version string) *Metrics {
 	info := prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "pgscribe_build_info",
 		Help: "Build information; always 1."}, []string{"version", "goversion"})
 	info.WithLabelValues(version, runtime.Version()).Set(1)
-	reg.MustRegister(m.Events, m.Batches, m.BatchDuration, m.BatchEvents, m.LagSeconds, m.LagBytes,
-		m.Backlog, m.WatermarkLSN, m.LastCommit, m.Active, m.Halted, m.Paused, m.DeadLetters, m.StreamGaps,
+	reg.MustRegister(m.Events, m.Batches, m.Isolation, m.BatchDuration, m.BatchEvents, m.LagSeconds, m.LagBytes,
+		m.Backlog, m.WatermarkLSN, m.LastCommit, m.Active, m.Halted, m.Paused, m.Halts, m.DeadLetters, m.StreamGaps,
 		m.Reconnects, m.BackfillDone, m.BackfillTotal, m.WatermarkTime, m.SlotRetained, m.ProbeErrors, m.RowsMissing, m.Retries, info)
 	return m
 }
@@ -140,6 +147,7 @@ func (m *Metrics) For(name string, version int64) *Projection {
 		g.WithLabelValues(name, v)
 	}
 	m.StreamGaps.WithLabelValues(name, v)
+	m.Isolation.WithLabelValues(name, v)
 	m.Reconnects.WithLabelValues(name, v)
 	m.ProbeErrors.WithLabelValues(name, v)
 	return p
@@ -166,6 +174,11 @@ func (p *Projection) Outcomes(applied, skipped, deadLettered int) {
 // DeadLettered counts one dead letter of the given kind.
 func (p *Projection) DeadLettered(kind string) {
 	p.m.DeadLetters.WithLabelValues(p.name, p.ver, kind).Inc()
+}
+
+// Isolation adds the segment attempts of an isolated pass.
+func (p *Projection) Isolation(attempts int) {
+	p.m.Isolation.WithLabelValues(p.name, p.ver).Add(float64(attempts))
 }
 
 // Gap counts a stream gap.
@@ -196,6 +209,17 @@ func (p *Projection) SetHalted(on bool) { p.m.Halted.WithLabelValues(p.name, p.v
 
 // SetPaused sets pgscribe_paused.
 func (p *Projection) SetPaused(on bool) { p.m.Paused.WithLabelValues(p.name, p.ver).Set(b2f(on)) }
+
+// Halt counts one halt at stage (source, lock, commit) whose error has
+// SQLSTATE code ("" when none): the label is the code's class, never the
+// code's text or the error's, so the series stay few.
+func (p *Projection) Halt(stage, code string) {
+	class := "none"
+	if len(code) == 5 {
+		class = code[:2]
+	}
+	p.m.Halts.WithLabelValues(p.name, p.ver, stage, class).Inc()
+}
 
 // Report sets the lag gauges from a reading. What the reading does not
 // know (slot, backlog, watermark time, last commit) leaves those gauges as

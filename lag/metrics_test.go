@@ -51,6 +51,7 @@ func TestMetricsContract(t *testing.T) {
 		{"pgscribe_lag_probe_errors_total", dto.MetricType_COUNTER, []string{"projection", "version"}},
 		{"pgscribe_stream_gaps_total", dto.MetricType_COUNTER, []string{"projection", "version"}},
 		{"pgscribe_restarts_total", dto.MetricType_COUNTER, []string{"projection", "version"}},
+		{"pgscribe_isolation_attempts_total", dto.MetricType_COUNTER, []string{"projection", "version"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -114,5 +115,25 @@ func TestMetricsReport(t *testing.T) {
 	p.ProbeFailed()
 	if got := testutil.ToFloat64(m.ProbeErrors.WithLabelValues("balances", "2")); got != 1 {
 		t.Errorf("probe errors = %v, want 1", got)
+	}
+}
+
+func TestMetricsHalt(t *testing.T) {
+	m := NewMetrics(prometheus.NewRegistry(), "test")
+	p := m.For("balances", 1)
+	p.Halt("source", "42704")
+	p.Halt("source", "42501")
+	p.Halt("lock", "28P01")
+	p.Halt("source", "")
+	for _, c := range []struct {
+		stage, class string
+		want         float64
+	}{{"source", "42", 2}, {"lock", "28", 1}, {"source", "none", 1}} {
+		if got := testutil.ToFloat64(m.Halts.WithLabelValues("balances", "1", c.stage, c.class)); got != c.want {
+			t.Errorf("pgscribe_halts_total{stage=%q,sqlstate_class=%q} = %v, want %v", c.stage, c.class, got, c.want)
+		}
+	}
+	if n := testutil.CollectAndCount(m.Halts); n != 3 {
+		t.Errorf("%d halts_total series, want 3: the label is the SQLSTATE's class, not the code", n)
 	}
 }

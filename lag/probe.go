@@ -103,6 +103,8 @@ func NewProbe(cfg ProbeConfig, view *Projection) *Probe {
 		// One statement, one snapshot: the WAL position, the slot, the
 		// snapshot's xid horizon for the tail counter, and the count of
 		// rows above the floor (with those up to the candidate floor).
+		// The floors are cast: an integer position column would make
+		// them integer parameters, and the first floor is MinInt64.
 		srcQuery: `SELECT
   (CASE WHEN pg_is_in_recovery() THEN pg_last_wal_replay_lsn() ELSE pg_current_wal_lsn() END)::text,
   clock_timestamp(),
@@ -112,13 +114,13 @@ func NewProbe(cfg ProbeConfig, view *Projection) *Probe {
   (SELECT max(` + pos + `) FROM ` + table + `),
   t.above, t.upto,
   s.confirmed_flush_lsn::text, s.restart_lsn::text
-FROM (SELECT count(*) AS above, count(*) FILTER (WHERE ` + pos + ` <= $3) AS upto
-      FROM ` + table + ` WHERE ` + pos + ` > $2) AS t
+FROM (SELECT count(*) AS above, count(*) FILTER (WHERE ` + pos + ` <= $3::bigint) AS upto
+      FROM ` + table + ` WHERE ` + pos + ` > $2::bigint) AS t
 LEFT JOIN pg_replication_slots AS s ON s.slot_name = $1`,
 		// Oldest commit among events committed after $2, reading only the
 		// tail above a floor below every such event.
 		tsQuery: `SELECT min(ts) FROM (SELECT pg_xact_commit_timestamp(xmin) AS ts FROM ` + table +
-			` WHERE ` + pos + ` > $1) AS e WHERE ts > $2`,
+			` WHERE ` + pos + ` > $1::bigint) AS e WHERE ts > $2`,
 		sumQuery: `SELECT coalesce(sum(applied + skipped + dead_lettered + parked), 0)::bigint, max(updated_at) FROM ` +
 			pgx.Identifier{cfg.Schema, "cursors"}.Sanitize() + ` WHERE projection = $1 AND version = $2`,
 	}

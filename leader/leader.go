@@ -269,6 +269,19 @@ func (l *Lease) ClearHalt(ctx context.Context, q event.Querier) error {
 	return err
 }
 
+// Forget deletes the lease row, if the lease is still this one: `pgscribe
+// retire` runs it in the transaction that removes the version's state, so
+// that nothing of a retired version stays behind. A later run of the
+// version starts from epoch 1 again, which is safe: no node of the retired
+// version can still hold its lock.
+func (l *Lease) Forget(ctx context.Context, q event.Querier) error {
+	if _, err := q.Exec(ctx, `DELETE FROM `+l.leases+` WHERE projection = $1 AND version = $2 AND epoch = $3`,
+		l.projection, l.version, l.Epoch); err != nil {
+		return fmt.Errorf("delete lease: %w", err)
+	}
+	return nil
+}
+
 // Holder returns the backend of q's database holding the advisory lock of
 // a projection version, 0 when none does. pg_try_advisory_lock(bigint)
 // shows in pg_locks with the key's high 32 bits in classid, its low 32

@@ -80,8 +80,11 @@ func mustParse(fsys fs.FS) []migration {
 	return ms
 }
 
-// parse reads sql/NNNN_name.sql files and checks that versions run 1, 2, 3 …
-// without gaps or duplicates.
+// parse reads sql/NNNN_name.sql files and checks that versions increase
+// without duplicates. Gaps are allowed, so that work on separate branches
+// can take numbers apart (0003, 0010, 0020) without renumbering on merge;
+// a database records each version it applied, so a version merged below
+// one already applied still runs.
 func parse(fsys fs.FS) ([]migration, error) {
 	names, err := fs.Glob(fsys, "sql/*.sql")
 	if err != nil {
@@ -95,8 +98,8 @@ func parse(fsys fs.FS) ([]migration, error) {
 		if !ok || err != nil || v <= 0 {
 			return nil, fmt.Errorf("migration %s: name must be NNNN_description.sql", name)
 		}
-		if v != len(ms)+1 {
-			return nil, fmt.Errorf("migration %s: version %d out of sequence, want %d", name, v, len(ms)+1)
+		if len(ms) > 0 && v <= ms[len(ms)-1].version {
+			return nil, fmt.Errorf("migration %s: version %d duplicates or precedes %s", name, v, ms[len(ms)-1].name)
 		}
 		b, err := fs.ReadFile(fsys, name)
 		if err != nil {
@@ -110,8 +113,22 @@ func parse(fsys fs.FS) ([]migration, error) {
 	return ms, nil
 }
 
+// Versions lists the engine schema versions this binary knows, in order.
+func Versions() []int {
+	vs := make([]int, len(all))
+	for i, m := range all {
+		vs[i] = m.version
+	}
+	return vs
+}
+
 // Latest is the newest engine schema version this binary knows.
-func Latest() int { return len(all) }
+func Latest() int {
+	if len(all) == 0 {
+		return 0
+	}
+	return all[len(all)-1].version
+}
 
 // Apply brings the engine schema on the target database to Latest and returns
 // the versions it applied, in order (none when it was already current, so a

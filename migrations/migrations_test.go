@@ -12,8 +12,8 @@ func TestMigrationsEmbedded(t *testing.T) {
 		t.Fatalf("Latest() = %d, want at least 1", Latest())
 	}
 	for i, m := range all {
-		if m.version != i+1 {
-			t.Errorf("migration %s has version %d at index %d", m.name, m.version, i)
+		if i > 0 && m.version <= all[i-1].version {
+			t.Errorf("migration %s has version %d after %d", m.name, m.version, all[i-1].version)
 		}
 		sql := strings.ReplaceAll(m.sql, schemaPlaceholder, `"x"`)
 		if strings.Contains(sql, "{{") {
@@ -33,7 +33,7 @@ func TestMigrationsParse(t *testing.T) {
 	}{
 		{"none", fstest.MapFS{}, nil, false},
 		{"two in order", fstest.MapFS{"sql/0002_b.sql": file(ok), "sql/0001_a.sql": file(ok)}, []int{1, 2}, false},
-		{"gap", fstest.MapFS{"sql/0001_a.sql": file(ok), "sql/0003_c.sql": file(ok)}, nil, true},
+		{"gap", fstest.MapFS{"sql/0001_a.sql": file(ok), "sql/0003_c.sql": file(ok)}, []int{1, 3}, false},
 		{"duplicate", fstest.MapFS{"sql/0001_a.sql": file(ok), "sql/0001_b.sql": file(ok)}, nil, true},
 		{"no number", fstest.MapFS{"sql/init.sql": file(ok)}, nil, true},
 		{"zero", fstest.MapFS{"sql/0000_a.sql": file(ok)}, nil, true},
@@ -86,10 +86,11 @@ func TestMigrationsTableIdent(t *testing.T) {
 
 func TestMigrationsPublicationFixes(t *testing.T) {
 	const pub, tbl = `"p"`, `"t"`
-	create := "CREATE PUBLICATION \"p\" FOR TABLE \"t\" WITH (publish = 'insert')"
+	create := "CREATE PUBLICATION \"p\" FOR TABLE \"t\" WITH (publish = 'insert', publish_via_partition_root = true)"
 	add := `ALTER PUBLICATION "p" ADD TABLE "t"`
 	drop := `ALTER PUBLICATION "p" DROP TABLE "t"`
 	set := "ALTER PUBLICATION \"p\" SET (publish = 'insert')"
+	viaRoot := "ALTER PUBLICATION \"p\" SET (publish_via_partition_root = true)"
 	tests := []struct {
 		name  string
 		found bool
@@ -97,14 +98,16 @@ func TestMigrationsPublicationFixes(t *testing.T) {
 		want  []string
 	}{
 		{"absent", false, pubState{}, []string{create}},
-		{"as wanted", true, pubState{insert: true, covered: true}, nil},
-		{"all tables, inserts only", true, pubState{insert: true, allTables: true, covered: true}, nil},
-		{"publishes everything", true, pubState{insert: true, update: true, delete: true, truncate: true, covered: true}, []string{set}},
-		{"updates only", true, pubState{update: true, covered: true}, []string{set}},
-		{"truncate too", true, pubState{insert: true, truncate: true, covered: true}, []string{set}},
-		{"other table", true, pubState{insert: true}, []string{add}},
-		{"other table and ops", true, pubState{insert: true, delete: true}, []string{add, set}},
-		{"row filter", true, pubState{insert: true, covered: true, restricted: true}, []string{drop, add}},
+		{"as wanted", true, pubState{insert: true, viaRoot: true, covered: true}, nil},
+		{"all tables, inserts only", true, pubState{insert: true, viaRoot: true, allTables: true, covered: true}, nil},
+		{"publishes everything", true, pubState{insert: true, update: true, delete: true, truncate: true, viaRoot: true, covered: true}, []string{set}},
+		{"updates only", true, pubState{update: true, viaRoot: true, covered: true}, []string{set}},
+		{"truncate too", true, pubState{insert: true, truncate: true, viaRoot: true, covered: true}, []string{set}},
+		{"other table", true, pubState{insert: true, viaRoot: true}, []string{add}},
+		{"other table and ops", true, pubState{insert: true, delete: true, viaRoot: true}, []string{add, set}},
+		{"row filter", true, pubState{insert: true, viaRoot: true, covered: true, restricted: true}, []string{drop, add}},
+		{"not via the partition root", true, pubState{insert: true, covered: true}, []string{viaRoot}},
+		{"made by an older pgscribe, publishing more", true, pubState{insert: true, update: true, covered: true}, []string{set, viaRoot}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -59,14 +59,21 @@ func CreateEventsTable(ctx context.Context, q Querier, table string) error {
 }
 
 // EnsurePublication makes publication publish inserts, and only inserts, of
-// table on the source database:
+// table on the source database, a partitioned table's through its root:
 //
-//   - absent: CREATE PUBLICATION … FOR TABLE … WITH (publish = 'insert');
+//   - absent: CREATE PUBLICATION … FOR TABLE … WITH (publish = 'insert',
+//     publish_via_partition_root = true);
 //   - publishing other operations (update, delete, truncate) or not inserts:
 //     ALTER PUBLICATION … SET (publish = 'insert');
+//   - without publish_via_partition_root (a publication made by an older
+//     pgscribe, or by hand): ALTER PUBLICATION … SET
+//     (publish_via_partition_root = true). Without it pgoutput names the
+//     partition an event went to, not the events table, and partitions
+//     attached later would need adding one by one;
 //   - not covering the table: ALTER PUBLICATION … ADD TABLE. Other tables it
-//     covers stay (another consumer may rely on them; the decoder ignores
-//     relations other than the events table);
+//     covers stay (another consumer may rely on them), but `pgscribe check`
+//     reports them: the stream stops at an insert into any relation that is
+//     not the events table, rather than guess;
 //   - covering the table with a row filter or a column list (PostgreSQL 15+),
 //     which would hide events: the table is dropped and re-added whole.
 //
@@ -103,6 +110,7 @@ func EnsurePublication(ctx context.Context, q Querier, publication, table string
 // pubState is what EnsurePublication needs to know about a publication.
 type pubState struct {
 	insert, update, delete, truncate, allTables bool
+	viaRoot                                     bool // publish_via_partition_root
 	covered                                     bool // the table is published (by FOR TABLE, TABLES IN SCHEMA or ALL TABLES)
 	restricted                                  bool // …with a row filter or a column list
 }
@@ -122,15 +130,22 @@ WHERE c.oid = to_regclass($1)`, tbl).Scan(&oid, &nsp, &rel)
 		return false, fmt.Errorf("look up table: %w", err)
 	}
 	// prqual and prattrs exist from PostgreSQL 15 on; reading them through
-	// to_jsonb keeps the query valid on older servers.
-	err = tx.QueryRow(ctx, `SELECT p.pubinsert, p.pubupdate, p.pubdelete, p.pubtruncate, p.puballtables,
-  EXISTS (SELECT 1 FROM pg_publication_tables t
-          WHERE t.pubname = p.pubname AND t.schemaname = $2 AND t.tablename = $3),
+	// to_jsonb keeps the query valid on older servers. Without
+	// publish_via_partition_root, pg_publication_tables lists a partitioned
+	// table's partitions, not the table: those, or the table's own
+	// membership, say it is covered.
+	err = tx.QueryRow(ctx, `SELECT p.pubinsert, p.pubupdate, p.pubdelete, p.pubtruncate, p.puballtables, p.pubviaroot,
+  EXISTS (SELECT 1 FROM pg_publication_rel r WHERE r.prpubid = p.oid AND r.prrelid = $2)
+  OR EXISTS (SELECT 1 FROM pg_publication_tables t
+          JOIN pg_namespace n ON n.nspname = t.schemaname
+          JOIN pg_class c ON c.relnamespace = n.oid AND c.relname = t.tablename
+          WHERE t.pubname = p.pubname
+            AND (c.oid = $2 OR coalesce(pg_partition_root(c.oid) = $2, false))),
   EXISTS (SELECT 1 FROM pg_publication_rel r
-          WHERE r.prpubid = p.oid AND r.prrelid = $4
+          WHERE r.prpubid = p.oid AND r.prrelid = $2
             AND (to_jsonb(r) ->> 'prqual' IS NOT NULL OR to_jsonb(r) ->> 'prattrs' IS NOT NULL))
-FROM pg_publication p WHERE p.pubname = $1`, publication, nsp, rel, oid).Scan(
-		&st.insert, &st.update, &st.delete, &st.truncate, &st.allTables, &st.covered, &st.restricted)
+FROM pg_publication p WHERE p.pubname = $1`, publication, oid).Scan(
+		&st.insert, &st.update, &st.delete, &st.truncate, &st.allTables, &st.viaRoot, &st.covered, &st.restricted)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return false, nil
 	}
@@ -144,7 +159,7 @@ FROM pg_publication p WHERE p.pubname = $1`, publication, nsp, rel, oid).Scan(
 // state; none when it is already there.
 func (st *pubState) fixes(found bool, pub, tbl string) []string {
 	if !found {
-		return []string{"CREATE PUBLICATION " + pub + " FOR TABLE " + tbl + " WITH (publish = 'insert')"}
+		return []string{"CREATE PUBLICATION " + pub + " FOR TABLE " + tbl + " WITH (publish = 'insert', publish_via_partition_root = true)"}
 	}
 	var stmts []string
 	if st.restricted {
@@ -156,6 +171,9 @@ func (st *pubState) fixes(found bool, pub, tbl string) []string {
 	}
 	if !st.insert || st.update || st.delete || st.truncate {
 		stmts = append(stmts, "ALTER PUBLICATION "+pub+" SET (publish = 'insert')")
+	}
+	if !st.viaRoot {
+		stmts = append(stmts, "ALTER PUBLICATION "+pub+" SET (publish_via_partition_root = true)")
 	}
 	return stmts
 }

@@ -16,6 +16,11 @@
 //   - Events are handed to the Sink in commit order. While the Sink is full
 //     (backpressure) status updates keep flowing so the server does not
 //     time the connection out, and the stall clock is paused.
+//   - Backfill and stream decode a row through one decoder (decode.go),
+//     from the text its columns' output functions print, so the two paths
+//     cannot read an event differently. A change for a relation that is
+//     neither the events table nor one of its partitions is an error
+//     (ErrForeignRelation), never skipped.
 //
 // The package knows nothing of rules or of how events are applied.
 package replication

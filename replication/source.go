@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"regexp"
-	"strconv"
 	"strings"
 	"time"
 
@@ -181,16 +180,21 @@ var snapshotName = regexp.MustCompile(`^[0-9A-Fa-f-]+$`)
 // Snapshot reads the events visible in an exported snapshot, in position
 // order, in pages. It holds one REPEATABLE READ transaction open.
 type Snapshot struct {
-	conn  *pgx.Conn
-	tx    pgx.Tx
-	src   Source
-	after int64
-	query string
-	Total int64 // events visible in the snapshot
+	conn    *pgx.Conn
+	tx      pgx.Tx
+	src     Source
+	dec     *decoder
+	fields  []int // event field of each selected column
+	formats pgx.QueryResultFormats
+	after   int64
+	query   string
+	Total   int64 // events visible in the snapshot
 }
 
 // OpenSnapshot imports the exported snapshot on a regular connection and
-// counts the events it sees (the first query that pins the snapshot).
+// counts the events it sees (the first query that pins the snapshot). It
+// fails with ErrUnreadable (wrapped) when a mapped column is missing or of
+// a type pgscribe cannot read.
 func OpenSnapshot(ctx context.Context, conn *pgx.Conn, src Source, snapshot string) (*Snapshot, error) {
 	if !snapshotName.MatchString(snapshot) {
 		return nil, fmt.Errorf("unexpected snapshot name %q", snapshot)
@@ -200,39 +204,58 @@ func OpenSnapshot(ctx context.Context, conn *pgx.Conn, src Source, snapshot stri
 		return nil, fmt.Errorf("begin snapshot transaction: %w", err)
 	}
 	s := &Snapshot{conn: conn, tx: tx, src: src, after: -1 << 63}
-	if _, err := tx.Exec(ctx, "SET TRANSACTION SNAPSHOT '"+snapshot+"'"); err != nil {
+	fail := func(err error) (*Snapshot, error) {
 		_ = tx.Rollback(context.WithoutCancel(ctx))
-		return nil, fmt.Errorf("import snapshot: %w", err)
+		return nil, err
+	}
+	if _, err := tx.Exec(ctx, "SET TRANSACTION SNAPSHOT '"+snapshot+"'"); err != nil {
+		return fail(fmt.Errorf("import snapshot: %w", err))
 	}
 	if err := tx.QueryRow(ctx, "SELECT count(*) FROM "+src.tableIdent()).Scan(&s.Total); err != nil {
-		_ = tx.Rollback(context.WithoutCancel(ctx))
-		return nil, fmt.Errorf("count events in snapshot: %w", err)
+		return fail(fmt.Errorf("count events in snapshot: %w", err))
 	}
-	c := src.Columns
-	id := func(n string) string { return pgx.Identifier{n}.Sanitize() }
-	s.query = fmt.Sprintf(`SELECT %s, %s::text, %s, %s, %s, %s::text, %s::text, %s FROM %s WHERE %s > $1 ORDER BY %s LIMIT $2`,
-		id(c.Position), id(c.ID), id(c.StreamID), id(c.StreamPosition), id(c.Type), id(c.Data), id(c.Metadata), id(c.OccurredAt),
-		src.tableIdent(), id(c.Position), id(c.Position))
+	// The text the rows are read in is what pgoutput prints on the
+	// replication connection (ConnectReplication sets the same).
+	if _, err := tx.Exec(ctx, "SET LOCAL DateStyle = 'ISO'; SET LOCAL TimeZone = 'UTC'"); err != nil {
+		return fail(fmt.Errorf("set snapshot session: %w", err))
+	}
+	if s.dec, err = describe(ctx, catalog{tx}, src); err != nil {
+		return fail(err)
+	}
+	var sel []string
+	for f, n := range src.Columns.names() {
+		if s.dec.kinds[f] == kindAbsent {
+			continue
+		}
+		sel = append(sel, pgx.Identifier{n}.Sanitize())
+		s.fields = append(s.fields, f)
+		s.formats = append(s.formats, pgx.TextFormatCode)
+	}
+	pos := pgx.Identifier{src.Columns.Position}.Sanitize()
+	// $1 is cast so that an integer position column compares with the
+	// bigint cursor of the page.
+	s.query = fmt.Sprintf(`SELECT %s FROM %s WHERE %s > $1::bigint ORDER BY %s LIMIT $2`,
+		strings.Join(sel, ", "), src.tableIdent(), pos, pos)
 	return s, nil
 }
 
 // Next returns the next page of at most n events; an empty page means the
 // snapshot is exhausted.
 func (s *Snapshot) Next(ctx context.Context, n int) ([]*event.Event, error) {
-	rows, err := s.tx.Query(ctx, s.query, s.after, n)
+	rows, err := s.tx.Query(ctx, s.query, s.formats, s.after, n)
 	if err != nil {
 		return nil, fmt.Errorf("read snapshot: %w", err)
 	}
 	defer rows.Close()
 	var out []*event.Event
 	for rows.Next() {
-		ev := &event.Event{}
-		var data, meta *string
-		if err := rows.Scan(&ev.Position, &ev.ID, &ev.StreamID, &ev.StreamPosition, &ev.Type, &data, &meta, &ev.OccurredAt); err != nil {
-			return nil, fmt.Errorf("scan event: %w", err)
+		var vals [numFields][]byte
+		for i, raw := range rows.RawValues() {
+			vals[s.fields[i]] = raw
 		}
-		if err := decodeDocuments(ev, data, meta); err != nil {
-			return nil, err
+		ev, err := s.dec.event(&vals)
+		if err != nil {
+			return nil, fmt.Errorf("read snapshot: %w", err)
 		}
 		out = append(out, ev)
 		s.after = ev.Position
@@ -240,31 +263,131 @@ func (s *Snapshot) Next(ctx context.Context, n int) ([]*event.Event, error) {
 	return out, rows.Err()
 }
 
+// Head is where one stream stands at a position (see Heads).
+type Head struct {
+	StreamID                 string
+	StreamPosition, Position int64 // its last event at or below the position
+	Events                   int64 // its events at or below the position
+}
+
+// Heads calls fn with every stream that has events at or below upTo in the
+// snapshot, in pages of at most page streams. It reads the whole table
+// below upTo in one aggregate; call it before Next, which it does not move.
+// The last event of a stream is the one with the highest stream_position:
+// positions are not commit-ordered across streams, but within a stream
+// they grow with stream_position.
+func (s *Snapshot) Heads(ctx context.Context, upTo int64, page int, fn func([]Head) error) error {
+	c := s.src.Columns
+	id := func(n string) string { return pgx.Identifier{n}.Sanitize() }
+	rows, err := s.tx.Query(ctx, fmt.Sprintf(`SELECT %s::text, max(%s)::bigint, max(%s)::bigint, count(*)
+FROM %s WHERE %s <= $1 GROUP BY 1`, id(c.StreamID), id(c.StreamPosition), id(c.Position), s.src.tableIdent(), id(c.Position)), upTo)
+	if err != nil {
+		return fmt.Errorf("read stream heads: %w", err)
+	}
+	defer rows.Close()
+	heads := make([]Head, 0, page)
+	for rows.Next() {
+		var h Head
+		if err := rows.Scan(&h.StreamID, &h.StreamPosition, &h.Position, &h.Events); err != nil {
+			return fmt.Errorf("read stream heads: %w", err)
+		}
+		if heads = append(heads, h); len(heads) == page {
+			if err := fn(heads); err != nil {
+				return err
+			}
+			heads = heads[:0]
+		}
+	}
+	if err := rows.Err(); err != nil {
+		return fmt.Errorf("read stream heads: %w", err)
+	}
+	if len(heads) > 0 {
+		return fn(heads)
+	}
+	return nil
+}
+
 // Close ends the snapshot transaction.
 func (s *Snapshot) Close(ctx context.Context) error {
 	return s.tx.Rollback(context.WithoutCancel(ctx))
 }
 
-// decodeDocuments keeps the raw JSON of data and metadata; the apply
-// stage decodes it (event.Event.Decode) in its partition workers.
-func decodeDocuments(ev *event.Event, data, meta *string) error {
-	if data != nil {
-		ev.RawData = []byte(*data)
-	}
-	if meta != nil {
-		ev.RawMetadata = []byte(*meta)
-	}
-	return nil
+// CheckTable reads the events table's mapped columns from the catalog and
+// fails with ErrUnreadable (wrapped, naming each column and its type) when
+// one is missing or of a type pgscribe cannot read, so that `run` refuses
+// such a table at start rather than at its first event. A table that does
+// not exist is an error that does not wrap ErrUnreadable.
+func CheckTable(ctx context.Context, q Querier, src Source) error {
+	_, err := describe(ctx, catalog{q}, src)
+	return err
 }
 
-// parseTimestamptz parses PostgreSQL's ISO text form of timestamptz.
-func parseTimestamptz(s string) (time.Time, error) {
-	for _, layout := range []string{"2006-01-02 15:04:05.999999999-07", "2006-01-02 15:04:05.999999999-07:00", "2006-01-02 15:04:05.999999999-07:00:00"} {
-		if t, err := time.Parse(layout, s); err == nil {
-			return t, nil
+// describe builds the decoder of the table's mapped columns from the
+// catalog.
+func describe(ctx context.Context, c catalog, src Source) (*decoder, error) {
+	var relid uint32
+	err := c.q.QueryRow(ctx, "SELECT c.oid FROM pg_class c WHERE c.oid = to_regclass($1)", src.tableIdent()).Scan(&relid)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil, fmt.Errorf("events table %s does not exist", src.tableIdent())
+	}
+	if err != nil {
+		return nil, fmt.Errorf("look up events table %s: %w", src.tableIdent(), err)
+	}
+	var cols [numFields]columnType
+	var missing []error
+	for f, n := range src.Columns.names() {
+		if n == "" {
+			continue
+		}
+		var typ uint32
+		err := c.q.QueryRow(ctx, `SELECT a.atttypid, format_type(a.atttypid, a.atttypmod) FROM pg_attribute a
+WHERE a.attrelid = $1 AND a.attname = $2 AND a.attnum > 0 AND NOT a.attisdropped`, relid, n).Scan(&typ, &cols[f].typ)
+		if errors.Is(err, pgx.ErrNoRows) {
+			missing = append(missing, fmt.Errorf("column %q (source.columns.%s) does not exist", n, fieldKeys[f]))
+			continue
+		}
+		if err != nil {
+			return nil, fmt.Errorf("look up column %q of %s: %w", n, src.tableIdent(), err)
+		}
+		cols[f].name = n
+		if cols[f].base, _, err = c.baseType(ctx, typ); err != nil {
+			return nil, err
 		}
 	}
-	return time.Time{}, fmt.Errorf("parse timestamptz %q", s)
+	if len(missing) > 0 {
+		return nil, fmt.Errorf("%w: %s: %w", ErrUnreadable, src.tableIdent(), errors.Join(missing...))
+	}
+	return newDecoder(src.tableIdent(), cols)
 }
 
-func parseInt(s string) (int64, error) { return strconv.ParseInt(s, 10, 64) }
+// catalog answers typeLookup from the catalog over a regular connection.
+type catalog struct{ q Querier }
+
+func (c catalog) baseType(ctx context.Context, oid uint32) (uint32, string, error) {
+	shown := ""
+	for depth := 0; ; depth++ {
+		var typtype string
+		var next uint32
+		var name string
+		err := c.q.QueryRow(ctx, "SELECT typtype::text, typbasetype, format_type(oid, NULL) FROM pg_type WHERE oid = $1", oid).Scan(&typtype, &next, &name)
+		if err != nil {
+			return 0, "", fmt.Errorf("look up type %d: %w", oid, err)
+		}
+		if shown == "" {
+			shown = name
+		}
+		if typtype != "d" || depth > 32 {
+			return oid, shown, nil
+		}
+		oid = next
+	}
+}
+
+func (c catalog) partitionOf(ctx context.Context, relid uint32, table string) (bool, error) {
+	var ok bool
+	err := c.q.QueryRow(ctx, "SELECT coalesce(pg_partition_root($1::oid::regclass) = to_regclass($2), false)", relid, table).Scan(&ok)
+	if err != nil {
+		return false, fmt.Errorf("look up relation %d: %w", relid, err)
+	}
+	return ok, nil
+}

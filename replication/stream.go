@@ -69,7 +69,9 @@ func Stream(ctx context.Context, conn *pgconn.PgConn, src Source, sink Sink, o S
 	if err != nil {
 		return fmt.Errorf("start replication on slot %s: %w", src.Slot, err)
 	}
-	s := &streamer{conn: conn, src: src, sink: sink, o: o, relations: map[uint32]*relation{}}
+	cat := &lazyCatalog{url: src.URL}
+	defer cat.close(context.WithoutCancel(ctx))
+	s := &streamer{conn: conn, src: src, sink: sink, o: o, relations: map[uint32]*relation{}, lookup: cat}
 	s.schema, s.table = src.tableName()
 	err = s.run(ctx)
 	// Best effort: tell the server what is durable before leaving — but
@@ -82,8 +84,10 @@ func Stream(ctx context.Context, conn *pgconn.PgConn, src Source, sink Sink, o S
 }
 
 type relation struct {
-	ours bool
-	idx  [8]int // column index per field, -1 if absent
+	name string         // schema.table, for messages
+	ours bool           // the events table or a partition of it
+	idx  [numFields]int // column index per field, -1 if absent
+	dec  *decoder
 }
 
 type streamer struct {
@@ -93,6 +97,7 @@ type streamer struct {
 	o             StreamOptions
 	schema, table string
 	relations     map[uint32]*relation
+	lookup        typeLookup
 	received      event.LSN // highest WAL position seen
 	keepaliveEnd  event.LSN // WAL end from the last keepalive
 	inTxn         bool
@@ -139,7 +144,7 @@ func (s *streamer) run(ctx context.Context) error {
 		case *pgproto3.ErrorResponse:
 			return fmt.Errorf("replication: %w", pgconn.ErrorResponseToPgError(msg))
 		case *pgproto3.CopyDone:
-			return errors.New("replication: server ended the stream")
+			return ErrStreamEnded
 		}
 	}
 }
@@ -185,7 +190,11 @@ func (s *streamer) handleLogical(ctx context.Context, data []byte) error {
 	}
 	switch m := msg.(type) {
 	case *pglogrepl.RelationMessage:
-		s.relations[m.RelationID] = s.mapRelation(m)
+		rel, err := s.mapRelation(ctx, m)
+		if err != nil {
+			return fmt.Errorf("relation %s.%s: %w", m.Namespace, m.RelationName, err)
+		}
+		s.relations[m.RelationID] = rel
 	case *pglogrepl.BeginMessage:
 		s.inTxn = true
 		s.commitLSN = event.LSN(m.FinalLSN)
@@ -193,8 +202,14 @@ func (s *streamer) handleLogical(ctx context.Context, data []byte) error {
 		s.token = s.sink.Begin(s.commitLSN, s.commitTime)
 	case *pglogrepl.InsertMessage:
 		rel := s.relations[m.RelationID]
-		if rel == nil || !rel.ours {
-			return nil
+		switch {
+		case rel == nil:
+			return fmt.Errorf("insert into relation %d, which the stream did not describe", m.RelationID)
+		case !rel.ours:
+			// Dropping it would lose events if it is one (a table the
+			// lookup could not place); applying it would invent them.
+			return fmt.Errorf("%w: %s is neither %s nor a partition of it, yet publication %s publishes it (publish only the events table; pgscribe check tells)",
+				ErrForeignRelation, rel.name, s.src.tableIdent(), s.src.Publication)
 		}
 		ev, err := s.decode(rel, m.Tuple)
 		if err != nil {
@@ -253,19 +268,15 @@ func (s *streamer) sendStatus() error {
 	return nil
 }
 
-const (
-	fPosition = iota
-	fID
-	fStreamID
-	fStreamPosition
-	fType
-	fData
-	fMetadata
-	fOccurredAt
-)
-
-func (s *streamer) mapRelation(m *pglogrepl.RelationMessage) *relation {
-	r := &relation{}
+// mapRelation maps a relation the stream announces. The events table is
+// recognised by name; any other relation is looked up, and a partition of
+// the events table (announced by itself when the publication does not
+// publish via the partition root) is read as the table, by column name.
+// Anything else is foreign: an insert into it is an error (see
+// handleLogical). Column types come from the message, so a table altered
+// under a running stream is decoded as the stream's catalog sees it.
+func (s *streamer) mapRelation(ctx context.Context, m *pglogrepl.RelationMessage) (*relation, error) {
+	r := &relation{name: m.Namespace + "." + m.RelationName}
 	for i := range r.idx {
 		r.idx[i] = -1
 	}
@@ -274,72 +285,117 @@ func (s *streamer) mapRelation(m *pglogrepl.RelationMessage) *relation {
 		schema = "public"
 	}
 	if m.RelationName != s.table || m.Namespace != schema {
-		return r
+		if s.lookup == nil {
+			return r, nil
+		}
+		part, err := s.lookup.partitionOf(ctx, m.RelationID, s.src.tableIdent())
+		if err != nil || !part {
+			return r, err
+		}
 	}
 	r.ours = true
-	c := s.src.Columns
-	names := [8]string{c.Position, c.ID, c.StreamID, c.StreamPosition, c.Type, c.Data, c.Metadata, c.OccurredAt}
-	for ci, col := range m.Columns {
-		for f, n := range names {
-			if col.Name == n {
-				r.idx[f] = ci
+	var cols [numFields]columnType
+	for f, n := range s.src.Columns.names() {
+		for ci, col := range m.Columns {
+			if n == "" || col.Name != n {
+				continue
 			}
+			r.idx[f] = ci
+			cols[f] = columnType{name: n, typ: fmt.Sprintf("oid %d", col.DataType), base: col.DataType}
+			if name, ok := builtin(col.DataType); ok {
+				cols[f].typ = name
+				continue
+			}
+			if s.lookup == nil {
+				continue
+			}
+			base, shown, err := s.lookup.baseType(ctx, col.DataType)
+			if err != nil {
+				return nil, err
+			}
+			cols[f].base, cols[f].typ = base, shown
+		}
+		if r.idx[f] < 0 && n != "" {
+			return nil, fmt.Errorf("%w: %s: column %q (source.columns.%s) is not in the stream's row", ErrUnreadable, r.name, n, fieldKeys[f])
 		}
 	}
-	return r
+	var err error
+	r.dec, err = newDecoder(r.name, cols)
+	return r, err
 }
 
+// ErrForeignRelation is wrapped by the error of an insert into a relation
+// that is neither the events table nor one of its partitions: the
+// publication publishes it, and pgscribe will not guess what it is.
+var ErrForeignRelation = errors.New("insert into a relation that is not the events table")
+
 func (s *streamer) decode(rel *relation, tup *pglogrepl.TupleData) (*event.Event, error) {
-	text := func(f int) (string, bool) {
-		i := rel.idx[f]
-		if i < 0 || tup == nil || i >= len(tup.Columns) {
-			return "", false
+	var vals [numFields][]byte
+	for f, i := range rel.idx {
+		if i < 0 {
+			continue
 		}
-		col := tup.Columns[i]
-		if col.DataType != pglogrepl.TupleDataTypeText {
-			return "", false
+		if tup == nil || i >= len(tup.Columns) {
+			return nil, fmt.Errorf("%w: %s: row lacks column %q", ErrUnreadable, rel.name, s.src.Columns.names()[f])
 		}
-		return string(col.Data), true
+		switch col := tup.Columns[i]; col.DataType {
+		case pglogrepl.TupleDataTypeText:
+			vals[f] = col.Data
+			if vals[f] == nil {
+				vals[f] = []byte{} // an empty text, not NULL
+			}
+		case pglogrepl.TupleDataTypeNull:
+		default:
+			return nil, fmt.Errorf("%s: column %q came as %q, not text", rel.name, s.src.Columns.names()[f], col.DataType)
+		}
 	}
-	ev := &event.Event{CommitLSN: s.commitLSN, CommitTime: s.commitTime}
-	var err error
-	req := func(f int, name string) string {
-		v, ok := text(f)
-		if !ok && err == nil {
-			err = fmt.Errorf("events row lacks column %q (check [source.columns])", name)
-		}
-		return v
-	}
-	c := s.src.Columns
-	pos := req(fPosition, c.Position)
-	ev.ID = req(fID, c.ID)
-	ev.StreamID = req(fStreamID, c.StreamID)
-	sp := req(fStreamPosition, c.StreamPosition)
-	ev.Type = req(fType, c.Type)
-	occ := req(fOccurredAt, c.OccurredAt)
+	ev, err := rel.dec.event(&vals)
 	if err != nil {
 		return nil, err
 	}
-	if ev.Position, err = parseInt(pos); err != nil {
-		return nil, fmt.Errorf("event position %q: %w", pos, err)
-	}
-	if ev.StreamPosition, err = parseInt(sp); err != nil {
-		return nil, fmt.Errorf("event stream_position %q: %w", sp, err)
-	}
-	if ev.OccurredAt, err = parseTimestamptz(occ); err != nil {
-		return nil, err
-	}
-	var data, meta *string
-	if v, ok := text(fData); ok {
-		data = &v
-	}
-	if v, ok := text(fMetadata); ok {
-		meta = &v
-	}
-	if err := decodeDocuments(ev, data, meta); err != nil {
-		return nil, err
-	}
+	ev.CommitLSN, ev.CommitTime = s.commitLSN, s.commitTime
 	return ev, nil
+}
+
+// lazyCatalog is the stream's typeLookup: a regular connection to the
+// source, opened at the first question (most streams never ask one: the
+// events table is known by name and its types are built in).
+type lazyCatalog struct {
+	url  string
+	conn *pgx.Conn
+}
+
+func (l *lazyCatalog) open(ctx context.Context) (catalog, error) {
+	if l.conn == nil || l.conn.IsClosed() {
+		conn, err := pgx.Connect(ctx, l.url)
+		if err != nil {
+			return catalog{}, fmt.Errorf("connect for catalog lookups: %w", err)
+		}
+		l.conn = conn
+	}
+	return catalog{l.conn}, nil
+}
+
+func (l *lazyCatalog) baseType(ctx context.Context, oid uint32) (uint32, string, error) {
+	c, err := l.open(ctx)
+	if err != nil {
+		return 0, "", err
+	}
+	return c.baseType(ctx, oid)
+}
+
+func (l *lazyCatalog) partitionOf(ctx context.Context, relid uint32, table string) (bool, error) {
+	c, err := l.open(ctx)
+	if err != nil {
+		return false, err
+	}
+	return c.partitionOf(ctx, relid, table)
+}
+
+func (l *lazyCatalog) close(ctx context.Context) {
+	if l.conn != nil {
+		_ = l.conn.Close(ctx)
+	}
 }
 
 // Confirm sends a standby status update confirming lsn. Used after the

@@ -363,7 +363,7 @@ func (c *compiler) fail(rule, field string, err error) {
 }
 
 func (c *compiler) rule(name string, rs RuleSpec) *rule {
-	r := &rule{name: name, op: event.Op(rs.Op), table: rs.Table, sql: rs.SQL,
+	r := &rule{name: name, op: event.Op(rs.Op), table: c.spec.Qualify(rs.Table), sql: rs.SQL,
 		deadLetterIfMissing: rs.IfMissing == IfMissingDeadLetter}
 	if op, ok := r.op.Spec(); ok {
 		r.kind = op.Kind

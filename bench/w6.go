@@ -1,0 +1,271 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+)
+
+// W6 is the real shape of a bank-style stream: one projection with mixed
+// ops over the generated history — a membership table kept with key-only
+// inserts and deletes, balances with update + inc + set and update + set,
+// and counts by event type in four rows that every stream writes — run
+// twice in the same run: on the clean history, and with poison mixed in
+// (0.5% of the events carry a reference too long for its varchar(40) and
+// fail at commit, 1% fail a rule: a zero or missing amount).
+
+// w6Projection is W6's projection. The membership rule is a key-only
+// insert (seen takes its default). The open rule names its key: a keyless insert into a table that the batch
+// also updates would send the batch one statement per intent.
+const w6Projection = `
+[[projection]]
+name     = "w6"
+version  = 1
+on_error = "dead_letter"
+
+  [[projection.rule]]
+  name  = "member"
+  on    = "AccountOpened"
+  op    = "insert"
+  table = "w6_open"
+  key   = { account_id = "data.account_id" }
+
+  [[projection.rule]]
+  name  = "open"
+  on    = "AccountOpened"
+  op    = "insert"
+  table = "w6_balances"
+  key   = { account_id = "data.account_id" }
+  set   = { owner = "data.owner", balance = "data.initial", closed = "false" }
+
+  [[projection.rule]]
+  name    = "bad_amount"
+  on      = ["Deposited", "Withdrawn"]
+  when    = "data.amount <= 0"
+  op      = "fail"
+  message = "'non-positive amount: ' + string(data.amount)"
+
+  [[projection.rule]]
+  name  = "move"
+  on    = ["Deposited", "Withdrawn"]
+  op    = "update"
+  table = "w6_balances"
+  key   = { account_id = "data.account_id" }
+  inc   = { balance = "type == 'Deposited' ? data.amount : -data.amount" }
+  set   = { last_ref = "data.reference" }
+
+  [[projection.rule]]
+  name  = "close"
+  on    = "AccountClosed"
+  op    = "update"
+  table = "w6_balances"
+  key   = { account_id = "data.account_id" }
+  set   = { closed = "true" }
+
+  [[projection.rule]]
+  name  = "unmember"
+  on    = "AccountClosed"
+  op    = "delete"
+  table = "w6_open"
+  key   = { account_id = "data.account_id" }
+
+  [[projection.rule]]
+  name  = "count"
+  on    = ["AccountOpened", "Deposited", "Withdrawn", "AccountClosed"]
+  op    = "upsert"
+  table = "w6_type_counts"
+  key   = { type = "type" }
+  inc   = { n = "1" }
+`
+
+// w6Tables is W6's read model.
+const w6Tables = `
+CREATE TABLE IF NOT EXISTS w6_open (
+  account_id text    PRIMARY KEY,
+  seen       boolean NOT NULL DEFAULT true
+);
+CREATE TABLE IF NOT EXISTS w6_balances (
+  account_id text        PRIMARY KEY,
+  owner      text        NOT NULL,
+  balance    bigint      NOT NULL,
+  closed     boolean     NOT NULL,
+  last_ref   varchar(40)
+);
+CREATE TABLE IF NOT EXISTS w6_type_counts (
+  type text   PRIMARY KEY,
+  n    bigint NOT NULL
+);`
+
+// w6Poison turns 0.5% of the deposits and withdrawals into commit-time
+// poison (a reference of 48 characters) and 1% into rule poison (half a
+// zero amount, half no amount), chosen by a hash of the position.
+const w6Poison = `
+UPDATE events SET data = CASE
+    WHEN (hashint8(position) & 2147483647) % 1000 < 5 THEN jsonb_set(data, '{reference}', to_jsonb(repeat('r', 40) || lpad(position::text, 8, '0')))
+    WHEN (hashint8(position) & 2147483647) % 1000 < 10 THEN jsonb_set(data, '{amount}', '0')
+    ELSE data - 'amount' END
+WHERE type IN ('Deposited', 'Withdrawn') AND (hashint8(position) & 2147483647) % 1000 < 15`
+
+// w6Bad is the predicate of an event that must be dead-lettered.
+const w6Bad = `(type IN ('Deposited', 'Withdrawn') AND (data->'amount' IS NULL OR (data->>'amount')::bigint <= 0
+  OR length(data->>'reference') > 40))`
+
+// w6Models are W6's tables with their SQL ceilings: the same read model
+// from the events that are not poison, one statement per table.
+var w6Models = []model{
+	{projection: "w6", table: "w6_open", ceiling: `
+INSERT INTO %[1]s (account_id)
+SELECT data->>'account_id' FROM events o
+WHERE type = 'AccountOpened'
+  AND NOT EXISTS (SELECT 1 FROM events c WHERE c.stream_id = o.stream_id AND c.type = 'AccountClosed')`},
+	{projection: "w6", table: "w6_balances", ceiling: `
+INSERT INTO %[1]s (account_id, owner, balance, closed, last_ref)
+SELECT data->>'account_id',
+  max(data->>'owner') FILTER (WHERE type = 'AccountOpened'),
+  sum(CASE type WHEN 'AccountOpened' THEN (data->>'initial')::bigint
+                WHEN 'Deposited' THEN (data->>'amount')::bigint
+                WHEN 'Withdrawn' THEN -(data->>'amount')::bigint ELSE 0 END),
+  coalesce(bool_or(type = 'AccountClosed'), false),
+  (array_agg(data->>'reference' ORDER BY position DESC) FILTER (WHERE type IN ('Deposited', 'Withdrawn')))[1]
+FROM events
+WHERE NOT ` + w6Bad + `
+GROUP BY 1`},
+	{projection: "w6", table: "w6_type_counts", ceiling: `
+INSERT INTO %[1]s (type, n)
+SELECT type, count(*) FROM events WHERE NOT ` + w6Bad + ` GROUP BY 1`},
+}
+
+// w6 runs W6 on a clean history and then on a poisoned one, each in a
+// database of its own, each beside its SQL ceiling.
+func (b *bench) w6(ctx context.Context, hist history) error {
+	n := hist.events()
+	w := b.res.workload("W6", "the real shape: mixed ops, shared rows, poison",
+		fmt.Sprintf("backfill of %s events over %s streams, one projection of 7 rules (membership key-only insert/delete, "+
+			"insert, update + inc + set, update + set, counts by type in 4 rows written by every stream); "+
+			"clean, then with 0.5%% commit-time poison (varchar(40) overflow) and 1%% rule poison",
+			thousands(n), thousands(hist.streams)), n)
+	for _, poison := range []bool{false, true} {
+		if err := b.w6Run(ctx, w, hist, poison); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (b *bench) w6Run(ctx context.Context, w *Workload, hist history, poison bool) error {
+	id, label := "W6", "pgscribe, clean"
+	if poison {
+		id, label = "W6p", "pgscribe, with poison"
+	}
+	targets := []target{{projection: "w6", version: 1}}
+	db, cfg, err := b.setup(ctx, id, targets)
+	if err != nil {
+		return err
+	}
+	defer b.srv.drop(context.WithoutCancel(ctx), db)
+	if err := b.fill(ctx, w, db, hist, genTxEvents); err != nil {
+		return err
+	}
+	n := hist.events()
+	var bad int64
+	if poison {
+		if _, err := db.pool.Exec(ctx, w6Poison); err != nil {
+			return fmt.Errorf("poison the history: %w", err)
+		}
+		if err := db.settle(ctx); err != nil {
+			return err
+		}
+	}
+	if err := db.pool.QueryRow(ctx, `SELECT count(*) FROM events WHERE `+w6Bad).Scan(&bad); err != nil {
+		return err
+	}
+	w.Load = loadAverage()
+	say("%s: engine backfill, %d poison events (load %s) …", id, bad, w.Load)
+	logPath := filepath.Join(b.opts.rawDir, strings.ToLower(id)+"-engine.log")
+	r, err := b.measure(ctx, db, func() (*engineProc, error) { return startBinary(b.opts.bin, cfg, logPath) }, targets, n, true)
+	if err != nil {
+		return err
+	}
+	rows := r.rows(label)
+	if !poison {
+		w.Statements = r.statements
+	}
+	counts, err := countLog(logPath)
+	if err != nil {
+		return err
+	}
+	rows[0].Poison = &counts
+	if err := db.pool.QueryRow(ctx, `SELECT count(*) FROM pgscribe.dead_letters`).Scan(&rows[0].Poison.DeadLettered); err != nil {
+		return err
+	}
+	rows[0].Poison.Expected = bad
+	w.Rows = append(w.Rows, rows...)
+	say("%s: engine %s; %+v", id, rows[0].summary(), counts)
+	if !b.opts.refs {
+		return nil
+	}
+	if _, err := db.pool.Exec(ctx, "CHECKPOINT"); err != nil {
+		return err
+	}
+	var c refFigures
+	for _, m := range w6Models {
+		f, err := b.sqlCeiling(ctx, db, m, n)
+		if err != nil {
+			return err
+		}
+		c.events, c.elapsed, c.pgCPU, c.pgOK = f.events, c.elapsed+f.elapsed, c.pgCPU+f.pgCPU, f.pgOK
+		diff, err := sameAsCeiling(ctx, db, m)
+		if err != nil {
+			return err
+		}
+		w.Checks = append(w.Checks, Check{Projection: id + " " + m.table, DifferingRows: diff})
+		if diff != 0 {
+			say("%s: WARNING: %s differs from the SQL ceiling's read model in %d rows", id, m.table, diff)
+		}
+	}
+	ceiling := "SQL ceiling, clean"
+	if poison {
+		ceiling = "SQL ceiling, with poison"
+	}
+	w.Rows = append(w.Rows, refRow("sql", ceiling, "w6", c, rows[0].Rate))
+	return nil
+}
+
+// PoisonCounts is what an engine log says about a run's poison and shared
+// rows.
+type PoisonCounts struct {
+	IsolatedBatches   int64 `json:"isolated_batches"`
+	IsolationAttempts int64 `json:"isolation_attempts"`
+	DeadlockRetries   int64 `json:"deadlock_retries"` // batches retried after 40P01
+	DeadLettered      int64 `json:"dead_lettered"`
+	Expected          int64 `json:"expected_dead_letters"`
+}
+
+var attemptsField = regexp.MustCompile(`\battempts=(\d+)`)
+
+// countLog reads an engine log (text format) for isolated batches and
+// deadlock retries.
+func countLog(path string) (PoisonCounts, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return PoisonCounts{}, err
+	}
+	var c PoisonCounts
+	for _, l := range strings.Split(string(b), "\n") {
+		switch {
+		case strings.Contains(l, `msg="isolated batch"`):
+			c.IsolatedBatches++
+			if m := attemptsField.FindStringSubmatch(l); m != nil {
+				a, _ := strconv.ParseInt(m[1], 10, 64)
+				c.IsolationAttempts += a
+			}
+		case strings.Contains(l, "retrying batch") && strings.Contains(l, "sqlstate=40P01"):
+			c.DeadlockRetries++
+		}
+	}
+	return c, nil
+}
