@@ -15,6 +15,9 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"slices"
+	"strconv"
+	"strings"
 	"syscall"
 	"time"
 
@@ -59,6 +62,27 @@ Usage:
   pgscribe deadletters stats [-config FILE] [-projection NAME] [-version N]
                              [-stream ID] [-kind KIND] [-json]
       Count dead letters: total, oldest, newest, by error kind, by projection.
+  pgscribe deadletters retry [-config FILE] [-projection NAME -version N]
+                             [-id ID]... [-stream ID] [-kind KIND] [-dry-run]
+      Ask the active node to apply the selected dead letters again with the
+      rules it runs now, per stream in position order; an event that fails
+      again stays, with its new reason. Waits for the outcome; queued when no
+      engine runs the version. -dry-run prints what the rules would write.
+  pgscribe deadletters skip [-config FILE] [-projection NAME -version N]
+                            [-id ID]... [-stream ID] [-kind KIND]
+      Like retry, but the active node drops the dead letters (counted as
+      skipped) and releases the events their streams parked (on_error = "park")
+      in order, without them.
+  pgscribe deadletters discard [-config FILE] [-projection NAME] [-version N]
+                               [-id ID]... [-stream ID] [-kind KIND] [-yes]
+      Drop the selected dead letters (counted as skipped in their cursors).
+      Without -yes it prints what it would drop.
+  pgscribe pause -projection NAME -version N [-config FILE] [-reason TEXT]
+      The active node stops applying within a second (in-flight batches
+      commit first) and keeps its lock and slot; the slot retains WAL while
+      paused. Stored in the engine schema: holds across restarts and failovers.
+  pgscribe resume -projection NAME -version N [-config FILE]
+      End a pause, or make a halted projection's active node retry now.
   pgscribe reset -projection NAME -version N [-config FILE] [-yes] [-dead-letters]
       Drop a projection version's slot, cursors and watermark so that its next
       run rebuilds it from the events table. Read-model tables are never
@@ -135,7 +159,8 @@ func exitCode(err error) int {
 	switch {
 	case errors.As(err, &ee):
 		return ee.code
-	case errors.Is(err, admin.ErrProblems), errors.Is(err, admin.ErrNotConfirmed):
+	case errors.Is(err, admin.ErrProblems), errors.Is(err, admin.ErrNotConfirmed), errors.Is(err, admin.ErrDiscardNotConfirmed),
+		errors.Is(err, admin.ErrWrongCommand):
 		return 2
 	}
 	return 1
@@ -218,6 +243,29 @@ func run(args []string, stdout, stderr io.Writer) error {
 		return admin.ShowStatus(ctx, cfg, admin.StatusOptions{JSON: *asJSON, Watch: *watch, Interval: *interval}, stdout)
 	case "deadletters":
 		return deadLetters(fs, configPath, rest, stdout, stderr)
+	case "pause", "resume":
+		var o admin.ControlOptions
+		fs.StringVar(&o.Projection, "projection", "", "projection `name` (required)")
+		fs.Int64Var(&o.Version, "version", 0, "projection `version` (required)")
+		if cmd == "pause" {
+			fs.StringVar(&o.Reason, "reason", "", "why, shown by status")
+		}
+		if err := parse(fs, rest); err != nil {
+			return err
+		}
+		if o.Projection == "" || o.Version < 1 {
+			return usageErr("%s needs -projection NAME and -version N (at least 1)", cmd)
+		}
+		cfg, _, err := loadConfig(*configPath, stderr, true)
+		if err != nil {
+			return err
+		}
+		ctx, stop := signalContext()
+		defer stop()
+		if cmd == "pause" {
+			return admin.Pause(ctx, cfg, o, stdout)
+		}
+		return admin.Resume(ctx, cfg, o, stdout)
 	case "reset":
 		var o admin.ResetOptions
 		fs.BoolVar(&o.Yes, "yes", false, "reset; without it, only print what would be reset")
@@ -332,8 +380,8 @@ func run(args []string, stdout, stderr io.Writer) error {
 
 // deadLetters runs `deadletters list|stats`.
 func deadLetters(fs *flag.FlagSet, configPath *string, args []string, stdout, stderr io.Writer) error {
-	if len(args) == 0 || (args[0] != "list" && args[0] != "stats") {
-		return usageErr("deadletters needs a subcommand: list or stats")
+	if len(args) == 0 || !slices.Contains([]string{"list", "stats", "retry", "skip", "discard"}, args[0]) {
+		return usageErr("deadletters needs a subcommand: list, stats, retry, skip or discard")
 	}
 	sub := args[0]
 	var f deadletter.Filter
@@ -342,7 +390,19 @@ func deadLetters(fs *flag.FlagSet, configPath *string, args []string, stdout, st
 	fs.Int64Var(&f.Version, "version", 0, "only this projection `version` (0 = any)")
 	fs.StringVar(&f.StreamID, "stream", "", "only this stream `id`")
 	fs.StringVar(&f.ErrorKind, "kind", "", "only this error `kind`, for example rule:open or commit:23505 (unique_violation)")
-	asJSON := fs.Bool("json", false, "print JSON")
+	var asJSON, dryRun, yes *bool
+	switch sub {
+	case "list", "stats":
+		asJSON = fs.Bool("json", false, "print JSON")
+	case "retry", "skip":
+		fs.Var((*idList)(&f.IDs), "id", "only this dead letter `id` (repeatable)")
+		if sub == "retry" {
+			dryRun = fs.Bool("dry-run", false, "print what the rules would write now; change nothing")
+		}
+	case "discard":
+		fs.Var((*idList)(&f.IDs), "id", "only this dead letter `id` (repeatable)")
+		yes = fs.Bool("yes", false, "discard; without it, only print what would be discarded")
+	}
 	if sub == "list" {
 		fs.Int64Var(&f.AfterID, "after", 0, "only dead letters with a larger `id` (the last one of the previous page)")
 		fs.IntVar(&f.Limit, "limit", deadletter.DefaultLimit, fmt.Sprintf("at most `n` dead letters (1 to %d)", deadletter.MaxLimit))
@@ -358,16 +418,48 @@ func deadLetters(fs *flag.FlagSet, configPath *string, args []string, stdout, st
 	case sub == "list" && (f.Limit < 1 || f.Limit > deadletter.MaxLimit):
 		return usageErr("-limit must be between 1 and %d", deadletter.MaxLimit)
 	}
+	if (sub == "retry" || sub == "skip" || sub == "discard") && (f.Projection == "") != (f.Version == 0) {
+		return usageErr("%s: give -projection and -version together, or neither", sub)
+	}
 	cfg, _, err := loadConfig(*configPath, stderr, true)
 	if err != nil {
 		return err
 	}
 	ctx, stop := signalContext()
 	defer stop()
-	if sub == "list" {
+	switch sub {
+	case "list":
 		return admin.ListDeadLetters(ctx, cfg, f, *asJSON, stdout)
+	case "retry", "skip":
+		progs, err := engine.Compile(cfg)
+		if err != nil {
+			return &exitError{code: 2, err: err}
+		}
+		o := admin.RetryOptions{Filter: f, Skip: sub == "skip", Programs: progs}
+		if dryRun != nil {
+			o.DryRun = *dryRun
+		}
+		return admin.RetryDeadLetters(ctx, cfg, o, stdout)
+	case "discard":
+		return admin.DiscardDeadLetters(ctx, cfg, admin.DiscardOptions{Filter: f, Yes: *yes}, stdout)
 	}
 	return admin.DeadLetterStats(ctx, cfg, f, *asJSON, stdout)
+}
+
+// idList is a repeatable -id flag.
+type idList []int64
+
+func (l *idList) String() string { return fmt.Sprint([]int64(*l)) }
+
+func (l *idList) Set(s string) error {
+	for _, part := range strings.Split(s, ",") {
+		id, err := strconv.ParseInt(strings.TrimSpace(part), 10, 64)
+		if err != nil || id < 1 {
+			return fmt.Errorf("not a dead letter id: %q", part)
+		}
+		*l = append(*l, id)
+	}
+	return nil
 }
 
 // parse parses a command's flags. -h prints them and ends the command

@@ -116,6 +116,11 @@ func Reset(ctx context.Context, cfg *config.Config, o ResetOptions, w io.Writer)
 		if err := store.Reset(ctx, tx); err != nil {
 			return err
 		}
+		// Held events (on_error = "park") are accounted for by the cursors
+		// just deleted: the rebuild reads them again.
+		if _, err := deadletter.DeleteParked(ctx, tx, schema, o.Projection, o.Version); err != nil {
+			return err
+		}
 		if o.DeadLetters {
 			n, err := deadletter.Delete(ctx, tx, schema, o.Projection, o.Version)
 			plan.dead = n

@@ -15,6 +15,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/pgscribe/pgscribe/config"
+	"github.com/pgscribe/pgscribe/control"
 	"github.com/pgscribe/pgscribe/cursor"
 	"github.com/pgscribe/pgscribe/deadletter"
 	"github.com/pgscribe/pgscribe/engine"
@@ -40,6 +41,9 @@ import (
 //     phase "backfilling".
 //   - live: the lock is held, the phase is "live" and a walsender streams the
 //     slot (pg_replication_slots.active_pid is set).
+//   - paused: the lock is held and an operator paused the version
+//     (`pgscribe pause`, the controls table): the active node applies
+//     nothing and keeps its lock and slot. A halt shows as halted.
 //   - starting: the lock is held and the phase is "live" but no walsender
 //     streams the slot yet: the active node is opening or reopening its
 //     stream. It only lasts long when that node is stuck.
@@ -99,10 +103,15 @@ type ProjectionStatus struct {
 	HaltReason string     `json:"halt_reason,omitempty"`
 	// HaltStage (source or commit) and HaltSQLState are read from the
 	// halt reason; a source halt resumes by itself once its cause is gone.
-	HaltStage    string           `json:"halt_stage,omitempty"`
-	HaltSQLState string           `json:"halt_sqlstate,omitempty"`
-	Slot         SlotStatus       `json:"slot"`
-	Watermark    *WatermarkStatus `json:"watermark"`
+	HaltStage    string `json:"halt_stage,omitempty"`
+	HaltSQLState string `json:"halt_sqlstate,omitempty"`
+	// Paused is set while an operator paused the version (with or without
+	// an engine running it: a node that starts obeys it).
+	Paused *PauseStatus `json:"paused,omitempty"`
+	// PendingRetries counts `deadletters retry` requests not run yet.
+	PendingRetries int64            `json:"pending_retries"`
+	Slot           SlotStatus       `json:"slot"`
+	Watermark      *WatermarkStatus `json:"watermark"`
 	// LagSeconds is 0 when every event is accounted for, else the age of
 	// the watermark's commit: an upper bound of the age of the oldest event
 	// not yet applied. The stored watermark trails the engine's by up to
@@ -111,20 +120,31 @@ type ProjectionStatus struct {
 	// LagBytes is the source's WAL position minus the slot's confirmed LSN.
 	LagBytes *int64 `json:"lag_bytes"`
 	// BacklogEvents is the number of events not yet accounted for: rows in
-	// the events table minus applied, skipped and dead-lettered events of the
-	// version's cursors (never below 0).
+	// the events table minus applied, skipped, dead-lettered and parked
+	// events of the version's cursors (never below 0).
 	BacklogEvents int64 `json:"backlog_events"`
 	// AdoptedEvents is how many events the version adopted on its first
 	// start (start_after_position) instead of applying them.
 	AdoptedEvents int64 `json:"adopted_events"`
 	// WALRetainedBytes is the WAL the slot keeps on the source: its WAL
 	// position minus the slot's restart LSN.
-	WALRetainedBytes *int64          `json:"wal_retained_bytes"`
-	DeadLetters      int64           `json:"dead_letters"`
-	Backfill         *BackfillStatus `json:"backfill,omitempty"`
+	WALRetainedBytes *int64 `json:"wal_retained_bytes"`
+	DeadLetters      int64  `json:"dead_letters"`
+	// ParkedEvents are events held behind a dead letter of their stream,
+	// in ParkedStreams streams (on_error = "park").
+	ParkedEvents  int64           `json:"parked_events"`
+	ParkedStreams int64           `json:"parked_streams"`
+	Backfill      *BackfillStatus `json:"backfill,omitempty"`
 	// Notes are remarks an operator should read (a lost slot, a missing
 	// one), in plain sentences.
 	Notes []string `json:"notes,omitempty"`
+}
+
+// PauseStatus is an operator's pause of a projection version.
+type PauseStatus struct {
+	At     time.Time `json:"at"`
+	Reason string    `json:"reason,omitempty"`
+	By     string    `json:"by,omitempty"`
 }
 
 // SlotStatus is the projection version's replication slot on the source.
@@ -337,7 +357,18 @@ func Status(ctx context.Context, cfg *config.Config) (*StatusReport, error) {
 			return nil, err
 		}
 
+		ctl, pendingRetries, err := loadControls(ctx, c.target, schema, spec.Name, spec.Version)
+		if err != nil {
+			return nil, err
+		}
 		ps.State = deriveState(pid != 0, haveWM, wm.Phase, slot.ActivePID != 0)
+		ps.PendingRetries = pendingRetries
+		if ctl.Paused() {
+			ps.Paused = &PauseStatus{At: *ctl.PausedAt, Reason: ctl.PauseReason, By: ctl.PausedBy}
+			if pid != 0 {
+				ps.State = engine.StatePaused
+			}
+		}
 		if pid != 0 && haveLease && ls.HaltedAt != nil {
 			// A halted engine keeps the lock and records why (engine.Run).
 			ps.State = engine.StateHalted
@@ -362,10 +393,11 @@ func Status(ctx context.Context, cfg *config.Config) (*StatusReport, error) {
 			ps.Watermark = w
 		}
 		ps.DeadLetters = dl.Total
+		ps.ParkedEvents, ps.ParkedStreams = totals.Parked, totals.ParkedStreams
 		ps.BacklogEvents = max(rep.Events-totals.Accounted(), 0)
 		ps.AdoptedEvents = totals.Adopted
 		ps.LagSeconds = lagSeconds(ps.State, ps.BacklogEvents, wm.CommitTime, rep.CheckedAt)
-		if ps.State == engine.StateBackfilling {
+		if ps.State == engine.StateBackfilling || ps.State == engine.StatePaused && (!haveWM || wm.Phase != cursor.PhaseLive) {
 			var started time.Time
 			if haveLease {
 				started = ls.Acquired
@@ -444,6 +476,16 @@ func deriveState(locked, haveWatermark bool, phase string, streaming bool) engin
 	}
 }
 
+// loadControls reads a version's pause and counts its pending retries.
+func loadControls(ctx context.Context, q event.Querier, schema, projection string, version int64) (control.State, int64, error) {
+	st, err := control.Load(ctx, q, schema, projection, version)
+	if err != nil {
+		return control.State{}, 0, err
+	}
+	n, err := control.PendingRetries(ctx, q, schema, projection, version)
+	return st, n, err
+}
+
 // lagSeconds is 0 when nothing is pending, the age of the watermark's commit
 // when events are, and unknown while backfilling or without a commit time.
 func lagSeconds(state engine.State, backlog int64, commit, now time.Time) *float64 {
@@ -496,9 +538,31 @@ func statusNotes(ps ProjectionStatus, haveWM bool, wmSlot string, hasCursors boo
 		notes = append(notes, fmt.Sprintf("the watermark belongs to slot %q (slot_prefix changed?): the next run rebuilds", wmSlot))
 	}
 	if ps.State == engine.StateHalted && engine.SourceHalt(ps.HaltReason) {
-		notes = append(notes, fmt.Sprintf("halted on node %s: %s — the source cannot be read; the engine probes it every standby_poll and resumes by itself once the cause is fixed; nothing was acknowledged", ps.Node, ps.HaltReason))
+		notes = append(notes, fmt.Sprintf("halted on node %s: %s — the source cannot be read; the engine probes it every standby_poll and resumes by itself once the cause is fixed (pgscribe resume -projection %s -version %d retries at once); nothing was acknowledged",
+			ps.Node, ps.HaltReason, ps.Projection, ps.Version))
 	} else if ps.State == engine.StateHalted {
-		notes = append(notes, fmt.Sprintf("halted on node %s: %s — fix the cause, then restart pgscribe on that node; nothing of the failing batch was acknowledged", ps.Node, ps.HaltReason))
+		notes = append(notes, fmt.Sprintf("halted on node %s: %s — fix the cause, then run pgscribe resume -projection %s -version %d (or restart pgscribe on that node); nothing of the failing batch was acknowledged",
+			ps.Node, ps.HaltReason, ps.Projection, ps.Version))
+	}
+	if p := ps.Paused; p != nil {
+		what := "paused"
+		if p.Reason != "" {
+			what += " (" + p.Reason + ")"
+		}
+		what += " by " + orDash(p.By) + " at " + p.At.UTC().Format(time.RFC3339)
+		if ps.State == engine.StatePaused {
+			notes = append(notes, fmt.Sprintf("%s: node %s applies nothing and keeps its lock; the slot retains WAL (%s now) until pgscribe resume -projection %s -version %d",
+				what, ps.Node, formatBytesPtr(ps.WALRetainedBytes), ps.Projection, ps.Version))
+		} else {
+			notes = append(notes, fmt.Sprintf("%s: the node that runs it next will wait for pgscribe resume -projection %s -version %d", what, ps.Projection, ps.Version))
+		}
+	}
+	if ps.ParkedStreams > 0 {
+		notes = append(notes, fmt.Sprintf("%d stream(s) parked behind a dead letter, holding %d event(s): pgscribe deadletters retry applies them in order once the cause is fixed, pgscribe deadletters skip releases them without it",
+			ps.ParkedStreams, ps.ParkedEvents))
+	}
+	if ps.PendingRetries > 0 {
+		notes = append(notes, fmt.Sprintf("%d dead-letter retry request(s) wait for the active node", ps.PendingRetries))
 	}
 	if ps.State == engine.StateStopped && ps.Slot.Exists {
 		notes = append(notes, "nothing runs it, and its slot retains WAL on the source until it runs again (or pgscribe reset drops it)")

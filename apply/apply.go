@@ -63,6 +63,9 @@ type Observer interface {
 type Input struct {
 	Event *event.Event
 	Token uint64
+	// Redrive, when set, makes the input a dead letter to retry (see
+	// Redrive), not an event from the source.
+	Redrive *Redrive
 }
 
 // Options configures a Committer.
@@ -71,6 +74,7 @@ type Options struct {
 	Version     int64
 	Schema      string        // engine schema
 	HaltOnError bool          // on_error = "halt"
+	Park        bool          // on_error = "park": a dead letter holds its stream's later events (park.go)
 	MaxAttempts int           // transient retries per batch before giving up; 0 = forever
 	Backoff     time.Duration // first retry delay, doubled up to MaxBackoff
 	MaxBackoff  time.Duration
@@ -155,6 +159,7 @@ func NewCommitter(pool *pgxpool.Pool, opts Options, eval Evaluator, fence Fence,
 // below their stream's cursor: already accounted for by an earlier commit.
 type Result struct {
 	Applied, Skipped, DeadLettered, Duplicates int
+	Parked                                     int // held behind their stream's dead letter
 }
 
 // outcome of one event within a batch attempt.
@@ -165,6 +170,7 @@ const (
 	outSkip
 	outApply
 	outDead
+	outPark // held: its stream is parked (on_error = "park")
 )
 
 type planned struct {
@@ -216,16 +222,7 @@ func (c *Committer) commit(ctx context.Context, batch []Input, part *partition, 
 		switch {
 		case err != nil:
 			p.out = outDead
-			p.kind = "rule"
-			var k interface{ Kind() string }
-			if errors.As(err, &k) {
-				p.kind = k.Kind()
-			}
-			p.message = err.Error()
-			var m interface{ Message() string }
-			if errors.As(err, &m) {
-				p.message = m.Message()
-			}
+			p.kind, p.message = evalFailure(err)
 		case len(intents) == 0:
 			p.out = outSkip
 		default:
@@ -238,7 +235,7 @@ func (c *Committer) commit(ctx context.Context, batch []Input, part *partition, 
 	// pipelined attempt would fail again, so it starts isolated.
 	isolate := part.suspect
 	part.suspect = false
-	retry := sqlstate.Policy{MaxAttempts: c.opts.MaxAttempts, Backoff: c.opts.Backoff, MaxBackoff: c.opts.MaxBackoff}.Start()
+	retry := c.retryPolicy().Start()
 	var deadMisses map[string]int // misses that dead-lettered their events
 	for {
 		res, err := c.attempt(ctx, evals, isolate, final, part)
@@ -421,7 +418,7 @@ func (c *Committer) attempt(ctx context.Context, evals []planned, isolate, final
 			c.log.Warn("stream gap", "projection", c.opts.Projection, "version", c.opts.Version,
 				"stream_id", p.ev.StreamID, "cursor", cur.StreamPosition, "stream_position", p.ev.StreamPosition)
 		}
-		curs[p.ev.StreamID] = cursor.Cursor{StreamPosition: p.ev.StreamPosition, Position: p.ev.Position}
+		curs[p.ev.StreamID] = cursor.Cursor{StreamPosition: p.ev.StreamPosition, Position: p.ev.Position, ParkedSince: cur.ParkedSince}
 		a, ok := adv[p.ev.StreamID]
 		if !ok {
 			a = &cursor.Advance{StreamID: p.ev.StreamID}
@@ -434,11 +431,12 @@ func (c *Committer) attempt(ctx context.Context, evals []planned, isolate, final
 	// The circuit is updated on a copy and kept only if this attempt commits,
 	// so a retried attempt does not count the same failures twice.
 	circLocal := part.circ
+	parked := c.parkedStreams(curs)
 	if err := c.precheck(ctx, conn.Conn().PgConn(), conn, plan); err != nil {
 		return Result{}, err
 	}
 	if isolate {
-		if err := c.applyIsolated(ctx, conn, plan, circLocal, &pl.missing); err != nil {
+		if err := c.isolate(ctx, conn, plan, circLocal, &pl.missing, parked); err != nil {
 			return Result{}, err
 		}
 	}
@@ -460,6 +458,7 @@ func (c *Committer) attempt(ctx context.Context, evals []planned, isolate, final
 
 	// Outcomes are final here: isolation has run, and a pipelined write
 	// failure fails the whole attempt.
+	held := c.parkPlan(plan, parked, adv, curs)
 	var dead []deadletter.Row
 	var kinds []string
 	for i := range plan {
@@ -479,6 +478,9 @@ func (c *Committer) attempt(ctx context.Context, evals []planned, isolate, final
 			a.DeadLettered++
 			dead = append(dead, deadletter.FromEvent(c.opts.Projection, c.opts.Version, p.ev, p.kind, p.message))
 			kinds = append(kinds, p.kind)
+		case outPark:
+			res.Parked++
+			a.Parked++
 		}
 	}
 	if c.opts.HaltOnError && len(dead) > 0 {
@@ -496,6 +498,9 @@ func (c *Committer) attempt(ctx context.Context, evals []planned, isolate, final
 			if err := deadletter.Insert(ctx, q, c.opts.Schema, dead); err != nil {
 				return fmt.Errorf("insert dead letters: %w", err)
 			}
+		}
+		if err := deadletter.Park(ctx, q, c.opts.Schema, held); err != nil {
+			return err
 		}
 		if len(advances) > 0 {
 			if err := c.cursors.Advance(ctx, q, advances); err != nil {

@@ -44,3 +44,7 @@ func (c *cursorCache) put(curs map[string]cursor.Cursor) {
 }
 
 func (c *cursorCache) clear() { c.m = nil }
+
+// forget drops one stream's cursor: work outside the batches (a released
+// parked stream) changed it.
+func (c *cursorCache) forget(stream string) { delete(c.m, stream) }

@@ -26,6 +26,7 @@ type Partitions struct {
 	batchSize func() int
 	linger    time.Duration
 	committed func(batch []Input, res Result)
+	gate      gate
 }
 
 // PartitionOptions configures Partitions.
@@ -108,9 +109,10 @@ func (p *Partitions) Run(ctx context.Context, stop <-chan struct{}) error {
 // what is queued, up to twice the larger of the batch size and the circuit
 // threshold. more reports whether any event came; stopped, that stop or
 // ctx ended the wait.
-func (p *Partitions) grow(ctx context.Context, stop <-chan struct{}, q chan Input, batch []Input) (_ []Input, more, stopped bool) {
+func (p *Partitions) grow(ctx context.Context, stop <-chan struct{}, q chan Input, batch []Input, held *[]Input) (_ []Input, more, stopped bool) {
 	limit := 2 * max(p.batchSize(), p.committer.opts.CircuitThreshold)
-	if len(batch) >= limit {
+	// Events queued behind a held redrive must not join a batch before it.
+	if len(batch) >= limit || len(*held) > 0 {
 		return batch, false, false
 	}
 	t := time.NewTimer(p.committer.opts.SuspectWait)
@@ -123,11 +125,19 @@ func (p *Partitions) grow(ctx context.Context, stop <-chan struct{}, q chan Inpu
 	case <-t.C:
 		return batch, false, false
 	case in := <-q:
+		if in.Redrive != nil {
+			*held = append(*held, in)
+			return batch, false, false
+		}
 		batch = append(batch, in)
 	}
 	for len(batch) < limit {
 		select {
 		case in := <-q:
+			if in.Redrive != nil {
+				*held = append(*held, in)
+				return batch, true, false
+			}
 			batch = append(batch, in)
 		default:
 			return batch, true, false
@@ -140,14 +150,31 @@ func (p *Partitions) work(ctx context.Context, i int, stop <-chan struct{}) erro
 	q := p.queues[i]
 	var part partition
 	batch := make([]Input, 0, 64)
+	// held is a redrive taken from the queue while a batch was filling: it
+	// runs after that batch, so that the partition keeps its queue order.
+	var held []Input
 	for {
 		batch = batch[:0]
+		if len(held) > 0 {
+			in := held[0]
+			held = held[1:]
+			if err := p.redrive(ctx, stop, in, &part); err != nil {
+				return err
+			}
+			continue
+		}
 		select {
 		case <-ctx.Done():
 			return nil
 		case <-stop:
 			return nil
 		case in := <-q:
+			if in.Redrive != nil {
+				if err := p.redrive(ctx, stop, in, &part); err != nil {
+					return err
+				}
+				continue
+			}
 			batch = append(batch, in)
 		}
 		// Natural batching: take what is queued, up to the batch size, and
@@ -160,6 +187,10 @@ func (p *Partitions) work(ctx context.Context, i int, stop <-chan struct{}) erro
 		for len(batch) < max {
 			select {
 			case in := <-q:
+				if in.Redrive != nil {
+					held = append(held, in)
+					break fill
+				}
 				batch = append(batch, in)
 				if p.linger > 0 && len(batch)%64 == 0 && time.Now().After(deadline) {
 					break fill
@@ -170,6 +201,11 @@ func (p *Partitions) work(ctx context.Context, i int, stop <-chan struct{}) erro
 		}
 		// A graceful stop (stop closed) lets this commit run to completion;
 		// only cancelling ctx (a hard stop) aborts it, and then it rolls back.
+		// A held gate (a paused backfill) stops here, with the batch taken
+		// but not applied: a stop drops it, to be read again.
+		if !p.gate.pass(ctx, stop) {
+			return nil
+		}
 		res, err := p.committer.commit(ctx, batch, &part, false)
 		for errors.Is(err, errSuspect) {
 			// Nothing in the batch applied. Before dead-lettering, look at
@@ -177,7 +213,7 @@ func (p *Partitions) work(ctx context.Context, i int, stop <-chan struct{}) erro
 			// enough failures trip the circuit. With no more events (or a
 			// batch at its bound) the failures are dead-lettered.
 			var more, stopped bool
-			batch, more, stopped = p.grow(ctx, stop, q, batch)
+			batch, more, stopped = p.grow(ctx, stop, q, batch, &held)
 			if stopped {
 				return nil // nothing acknowledged: replayed after the restart
 			}
@@ -193,4 +229,20 @@ func (p *Partitions) work(ctx context.Context, i int, stop <-chan struct{}) erro
 			p.committed(batch, res)
 		}
 	}
+}
+
+// redrive runs a retried dead letter (see Redrive) and reports its outcome.
+func (p *Partitions) redrive(ctx context.Context, stop <-chan struct{}, in Input, part *partition) error {
+	if !p.gate.pass(ctx, stop) {
+		return nil
+	}
+	out, err := p.committer.redrive(ctx, in, part)
+	if err != nil {
+		if ctx.Err() != nil {
+			return nil
+		}
+		return err
+	}
+	in.Redrive.Done(out)
+	return nil
 }

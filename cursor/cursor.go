@@ -26,6 +26,9 @@ import (
 // Cursor is a stream's last accounted-for event.
 type Cursor struct {
 	StreamPosition, Position int64
+	// ParkedSince is the stream_position of the dead letter that parked the
+	// stream (on_error = "park"), 0 when it is not parked.
+	ParkedSince int64
 }
 
 // Advance moves one stream's cursor to the last event of a batch and adds
@@ -34,6 +37,9 @@ type Advance struct {
 	StreamID                       string
 	StreamPosition, Position       int64
 	Applied, Skipped, DeadLettered int64
+	Parked                         int64 // events held (on_error = "park")
+	// ParkedSince, when not 0, parks the stream from that position on.
+	ParkedSince int64
 }
 
 // The phases of a projection version.
@@ -69,12 +75,17 @@ type Watermark struct {
 // version took over from the projector it replaced (start_after_position).
 type Totals struct {
 	Streams, Applied, Skipped, DeadLettered, Adopted int64
+	// Parked counts events held by parked streams, ParkedStreams those
+	// streams (on_error = "park").
+	Parked, ParkedStreams int64
 }
 
 // Accounted is every event the cursors account for: applied, skipped,
-// dead-lettered or adopted. Conservation holds when it equals the number of
-// source events.
-func (t Totals) Accounted() int64 { return t.Applied + t.Skipped + t.DeadLettered + t.Adopted }
+// dead-lettered, adopted or parked. Conservation holds when it equals the
+// number of source events.
+func (t Totals) Accounted() int64 {
+	return t.Applied + t.Skipped + t.DeadLettered + t.Adopted + t.Parked
+}
 
 // Head is where a stream stands at an adopted position: its last event at
 // or below it, and how many of its events are at or below it.
@@ -111,25 +122,27 @@ func New(schema, projection string, version int64) *Store {
 		// every cursor of the version while the table has no statistics
 		// (a first backfill), and LIMIT 1 keeps the lateral from turning
 		// into the same scan as a hash join.
-		loadSQL: `SELECT u.stream_id, c.stream_position, c.position
+		loadSQL: `SELECT u.stream_id, c.stream_position, c.position, c.parked_since
 FROM unnest($3::text[]) AS u (stream_id)
-CROSS JOIN LATERAL (SELECT stream_position, position FROM ` + cursors + ` AS c
+CROSS JOIN LATERAL (SELECT stream_position, position, coalesce(parked_since, 0) AS parked_since FROM ` + cursors + ` AS c
   WHERE c.projection = $1 AND c.version = $2 AND c.stream_id = u.stream_id LIMIT 1) AS c`,
 
 		// Positions take the new values; counts add up. One statement for the
 		// whole batch; Advance merges duplicate streams first, because ON
 		// CONFLICT cannot touch one row twice in a statement.
 		advanceSQL: "INSERT INTO " + cursors + ` AS c
-  (projection, version, stream_id, stream_position, position, applied, skipped, dead_lettered)
-SELECT $1, $2, u.stream_id, u.stream_position, u.position, u.applied, u.skipped, u.dead_lettered
-FROM unnest($3::text[], $4::bigint[], $5::bigint[], $6::bigint[], $7::bigint[], $8::bigint[])
-  AS u (stream_id, stream_position, position, applied, skipped, dead_lettered)
+  (projection, version, stream_id, stream_position, position, applied, skipped, dead_lettered, parked, parked_since)
+SELECT $1, $2, u.stream_id, u.stream_position, u.position, u.applied, u.skipped, u.dead_lettered, u.parked, NULLIF(u.parked_since, 0)
+FROM unnest($3::text[], $4::bigint[], $5::bigint[], $6::bigint[], $7::bigint[], $8::bigint[], $9::bigint[], $10::bigint[])
+  AS u (stream_id, stream_position, position, applied, skipped, dead_lettered, parked, parked_since)
 ON CONFLICT (projection, version, stream_id) DO UPDATE SET
   stream_position = excluded.stream_position,
   position        = excluded.position,
   applied         = c.applied + excluded.applied,
   skipped         = c.skipped + excluded.skipped,
   dead_lettered   = c.dead_lettered + excluded.dead_lettered,
+  parked          = c.parked + excluded.parked,
+  parked_since    = coalesce(c.parked_since, excluded.parked_since),
   updated_at      = now()`,
 
 		loadWatermarkSQL: `SELECT coalesce(slot_name, ''), coalesce(lsn, '0/0')::text, coalesce(position, 0),
@@ -167,7 +180,8 @@ ON CONFLICT (projection, version) DO UPDATE SET
   backfill_done = excluded.backfill_done, updated_at = now()`,
 
 		totalsSQL: `SELECT count(*), coalesce(sum(applied), 0)::bigint,
-  coalesce(sum(skipped), 0)::bigint, coalesce(sum(dead_lettered), 0)::bigint, coalesce(sum(adopted), 0)::bigint
+  coalesce(sum(skipped), 0)::bigint, coalesce(sum(dead_lettered), 0)::bigint, coalesce(sum(adopted), 0)::bigint,
+  coalesce(sum(parked), 0)::bigint, count(*) FILTER (WHERE parked_since IS NOT NULL)
 FROM ` + cursors + " WHERE " + this,
 
 		adoptSQL: "INSERT INTO " + cursors + `
@@ -216,7 +230,7 @@ func ScanInto(rows pgx.Rows, into map[string]Cursor) error {
 	for rows.Next() {
 		var id string
 		var c Cursor
-		if err := rows.Scan(&id, &c.StreamPosition, &c.Position); err != nil {
+		if err := rows.Scan(&id, &c.StreamPosition, &c.Position, &c.ParkedSince); err != nil {
 			return fmt.Errorf("load cursors: %w", err)
 		}
 		into[id] = c
@@ -241,11 +255,13 @@ func (s *Store) Advance(ctx context.Context, q event.Querier, adv []Advance) err
 	ids := make([]string, n)
 	spos, pos := make([]int64, n), make([]int64, n)
 	applied, skipped, dead := make([]int64, n), make([]int64, n), make([]int64, n)
+	parked, since := make([]int64, n), make([]int64, n)
 	for i, a := range merged {
 		ids[i], spos[i], pos[i] = a.StreamID, a.StreamPosition, a.Position
 		applied[i], skipped[i], dead[i] = a.Applied, a.Skipped, a.DeadLettered
+		parked[i], since[i] = a.Parked, a.ParkedSince
 	}
-	if _, err := q.Exec(ctx, s.advanceSQL, s.projection, s.version, ids, spos, pos, applied, skipped, dead); err != nil {
+	if _, err := q.Exec(ctx, s.advanceSQL, s.projection, s.version, ids, spos, pos, applied, skipped, dead, parked, since); err != nil {
 		return fmt.Errorf("advance cursors: %w", err)
 	}
 	return nil
@@ -269,6 +285,10 @@ func merge(adv []Advance) []Advance {
 		m.Applied += a.Applied
 		m.Skipped += a.Skipped
 		m.DeadLettered += a.DeadLettered
+		m.Parked += a.Parked
+		if m.ParkedSince == 0 {
+			m.ParkedSince = a.ParkedSince // the first park of the stream
+		}
 	}
 	return out
 }
@@ -385,7 +405,7 @@ func (s *Store) Adopt(ctx context.Context, q event.Querier, heads []Head) error 
 func (s *Store) Totals(ctx context.Context, q event.Querier) (Totals, error) {
 	var t Totals
 	if err := q.QueryRow(ctx, s.totalsSQL, s.projection, s.version).Scan(
-		&t.Streams, &t.Applied, &t.Skipped, &t.DeadLettered, &t.Adopted); err != nil {
+		&t.Streams, &t.Applied, &t.Skipped, &t.DeadLettered, &t.Adopted, &t.Parked, &t.ParkedStreams); err != nil {
 		return Totals{}, fmt.Errorf("cursor totals: %w", err)
 	}
 	return t, nil

@@ -27,6 +27,13 @@ func TestCursorMerge(t *testing.T) {
 				{StreamID: "a", StreamPosition: 4, Position: 41, Applied: 3, Skipped: 1, DeadLettered: 1},
 				{StreamID: "b", StreamPosition: 1, Position: 5, DeadLettered: 1},
 			}},
+		{"parked: counts add, the first park stays",
+			[]Advance{
+				{StreamID: "a", StreamPosition: 2, Position: 2, DeadLettered: 1, ParkedSince: 2},
+				{StreamID: "a", StreamPosition: 3, Position: 3, Parked: 1, ParkedSince: 3},
+				{StreamID: "a", StreamPosition: 4, Position: 4, Parked: 1},
+			},
+			[]Advance{{StreamID: "a", StreamPosition: 4, Position: 4, DeadLettered: 1, Parked: 2, ParkedSince: 2}}},
 		{"tie: later entry wins",
 			[]Advance{{StreamID: "a", StreamPosition: 2, Position: 1}, {StreamID: "a", StreamPosition: 2, Position: 7}},
 			[]Advance{{StreamID: "a", StreamPosition: 2, Position: 7}}},

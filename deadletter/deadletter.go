@@ -124,6 +124,15 @@ func jsonbRejects(raw []byte) bool {
 // kinds and messages are made storable (valid UTF-8, no NUL bytes, which text
 // columns reject) so that a strange error message cannot fail the batch.
 func Insert(ctx context.Context, q Querier, schema string, rows []Row) error {
+	if err := insert(ctx, q, InsertSQL(schema), rows); err != nil {
+		return fmt.Errorf("insert dead letters: %w", err)
+	}
+	return nil
+}
+
+// insert runs sql, a statement over the unnested columns of rows (as
+// InsertSQL's), for rows.
+func insert(ctx context.Context, q Querier, sql string, rows []Row) error {
 	if len(rows) == 0 {
 		return nil
 	}
@@ -145,13 +154,8 @@ func Insert(ctx context.Context, q Querier, schema string, rows []Row) error {
 			occurred[i] = &r.OccurredAt
 		}
 	}
-	// WITH ORDINALITY and ORDER BY make ids follow the order of rows, so List
-	// returns a batch's dead letters in the order they happened.
-	sql := InsertSQL(schema)
-	if _, err := q.Exec(ctx, sql, proj, version, pos, eventID, streamID, spos, typ, kind, msg, data, meta, occurred); err != nil {
-		return fmt.Errorf("insert dead letters: %w", err)
-	}
-	return nil
+	_, err := q.Exec(ctx, sql, proj, version, pos, eventID, streamID, spos, typ, kind, msg, data, meta, occurred)
+	return err
 }
 
 func storable(s string) string {
@@ -172,8 +176,9 @@ type Filter struct {
 	Version    int64 // 0 = any version
 	StreamID   string
 	ErrorKind  string
-	AfterID    int64 // List only: rows with a larger id (paging: pass the last id seen)
-	Limit      int   // List only: default 100, at most 10000
+	IDs        []int64 // only these ids (none: any)
+	AfterID    int64   // List only: rows with a larger id (paging: pass the last id seen)
+	Limit      int     // List only: default 100, at most 10000
 }
 
 // Paging bounds of List.
@@ -202,6 +207,9 @@ func (f Filter) where() (string, []any) {
 	if f.ErrorKind != "" {
 		add("error_kind = ?", f.ErrorKind)
 	}
+	if len(f.IDs) > 0 {
+		add("id = ANY(?)", f.IDs)
+	}
 	if len(conds) == 0 {
 		return "", nil
 	}
@@ -224,14 +232,26 @@ func List(ctx context.Context, q Querier, schema string, f Filter) ([]Row, error
 	} else {
 		where += " AND " + page
 	}
-	sql := `SELECT id, projection, version, position, event_id, stream_id, stream_position, event_type,
-  error_kind, error_message, event_data::text, event_metadata::text, occurred_at, dead_lettered_at
+	sql := `SELECT ` + rowColumns + `
 FROM ` + pgx.Identifier{schema, "dead_letters"}.Sanitize() + where +
 		" ORDER BY id LIMIT $" + strconv.Itoa(len(args))
 	rows, err := q.Query(ctx, sql, args...)
 	if err != nil {
 		return nil, fmt.Errorf("list dead letters: %w", err)
 	}
+	out, err := scanRows(rows)
+	if err != nil {
+		return nil, fmt.Errorf("list dead letters: %w", err)
+	}
+	return out, nil
+}
+
+// rowColumns are the columns scanRows reads, in its order.
+const rowColumns = `id, projection, version, position, event_id, stream_id, stream_position, event_type,
+  error_kind, error_message, event_data::text, event_metadata::text, occurred_at, dead_lettered_at`
+
+// scanRows reads rows of rowColumns.
+func scanRows(rows pgx.Rows) ([]Row, error) {
 	defer rows.Close()
 	var out []Row
 	for rows.Next() {
@@ -241,7 +261,7 @@ FROM ` + pgx.Identifier{schema, "dead_letters"}.Sanitize() + where +
 		if err := rows.Scan(&r.ID, &r.Projection, &r.Version, &r.Position, &r.EventID, &r.StreamID,
 			&r.StreamPosition, &r.EventType, &r.ErrorKind, &r.ErrorMessage, &data, &meta, &occurred,
 			&r.DeadLetteredAt); err != nil {
-			return nil, fmt.Errorf("list dead letters: %w", err)
+			return nil, err
 		}
 		if data != nil {
 			r.EventData = []byte(*data)
@@ -254,10 +274,7 @@ FROM ` + pgx.Identifier{schema, "dead_letters"}.Sanitize() + where +
 		}
 		out = append(out, r)
 	}
-	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("list dead letters: %w", err)
-	}
-	return out, nil
+	return out, rows.Err()
 }
 
 // KindCount is the number of dead letters of one error kind.
@@ -325,6 +342,9 @@ ORDER BY 1, 2, CASE WHEN GROUPING(error_kind) = 0 THEN count(*) END DESC, 3, 4, 
 }
 
 // InsertSQL is the statement Insert runs, for a caller that prepares it.
+//
+// WITH ORDINALITY and ORDER BY make ids follow the order of rows, so List
+// returns a batch's dead letters in the order they happened.
 func InsertSQL(schema string) string {
 	return "INSERT INTO " + pgx.Identifier{schema, "dead_letters"}.Sanitize() + ` (projection, version, position,
   event_id, stream_id, stream_position, event_type, error_kind, error_message,

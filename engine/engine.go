@@ -40,6 +40,7 @@ const (
 	StateBackfilling State = "backfilling"
 	StateLive        State = "live"
 	StateHalted      State = "halted"
+	StatePaused      State = "paused" // by an operator: lock and slot kept, nothing applied
 	StateStopped     State = "stopped"
 )
 
@@ -92,8 +93,9 @@ func (p *Projection) setState(s State) {
 		p.log.Info("state", "state", string(s))
 	}
 	p.state.Store(s)
-	p.metrics.SetActive(s == StateBackfilling || s == StateLive)
+	p.metrics.SetActive(s == StateBackfilling || s == StateLive || s == StatePaused)
 	p.metrics.SetHalted(s == StateHalted)
+	p.metrics.SetPaused(s == StatePaused)
 }
 
 // Run stands by, becomes active, and keeps the projection running until ctx
@@ -116,18 +118,19 @@ func (p *Projection) Run(ctx context.Context) error {
 			return err
 		}
 		p.clearHalt(ctx, lease)
+		ctl := p.watchControls(ctx)
 		start := time.Now()
-		err = p.session(ctx, lease)
+		err = p.activeSession(ctx, lease, ctl)
 		end := classifyEnd(err)
 		// A source halt keeps the lock and probes; once its cause is gone
 		// a new session runs under the same lease.
 		for end == endSourceHalt && ctx.Err() == nil {
-			if ferr := p.sourceFault(ctx, lease, err); ferr != nil {
+			if ferr := p.sourceFault(ctx, lease, err, ctl); ferr != nil {
 				err, end = ferr, classifyEnd(ferr)
 				break
 			}
 			start = time.Now()
-			err = p.session(ctx, lease)
+			err = p.activeSession(ctx, lease, ctl)
 			end = classifyEnd(err)
 		}
 		if end == endHalt && ctx.Err() == nil {
@@ -136,13 +139,23 @@ func (p *Projection) Run(ctx context.Context) error {
 			p.haltErr.Store(err)
 			p.setState(StateHalted)
 			p.metrics.Halt(stageCommit, halt.SQLState)
-			p.log.Error("projection halted: fix the cause and restart pgscribe; nothing of the failing batch was acknowledged",
+			p.log.Error("projection halted: fix the cause, then pgscribe resume (or restart pgscribe); nothing of the failing batch was acknowledged",
 				"stage", stageCommit, "sqlstate", halt.SQLState, "table", halt.Table, "reason", halt.Reason, "err", halt.Err)
-			p.holdHalted(ctx, lease, halt)
+			woken := p.holdHalted(ctx, lease, halt, ctl)
+			ctl.close()
 			lease.Release(context.WithoutCancel(ctx))
 			p.releaseSlot()
-			return nil
+			if !woken {
+				return nil
+			}
+			// pgscribe resume: retry now, from a new lock (this node takes
+			// it again at once unless a standby is quicker; either retries).
+			p.log.Info("resume requested by an operator: retrying the halted projection now")
+			p.setState(StateStarting)
+			restart.Reset()
+			continue
 		}
+		ctl.close()
 		lease.Release(context.WithoutCancel(ctx))
 		p.releaseSlot()
 		p.metrics.SetActive(false)
@@ -195,11 +208,14 @@ func classifyEnd(err error) ending {
 	return endRestart
 }
 
-// holdHalted keeps a halted projection's lock until the process stops, so
-// no standby takes over only to halt the same way, and records the halt on
-// the lease row for `pgscribe status`. The process keeps serving /metrics
+// holdHalted keeps a halted projection's lock until the process stops or
+// an operator runs `pgscribe resume` (it returns true then), so no standby
+// takes over only to halt the same way, and records the halt on the lease
+// row for `pgscribe status`. The process keeps serving /metrics
 // (pgscribe_halted 1) and /healthz (503).
-func (p *Projection) holdHalted(ctx context.Context, lease *leader.Lease, halt *apply.HaltError) {
+func (p *Projection) holdHalted(ctx context.Context, lease *leader.Lease, halt *apply.HaltError, ctl *controls) (woken bool) {
+	// Only a resume after the halt wakes it.
+	seen, _ := ctl.current()
 	if err := p.withTarget(ctx, func(conn *pgx.Conn) error {
 		return lease.RecordHalt(ctx, conn, halt.Error())
 	}); err != nil {
@@ -210,10 +226,24 @@ func (p *Projection) holdHalted(ctx context.Context, lease *leader.Lease, halt *
 	defer stopReport()
 	// Keep the lock session alive; if it is lost anyway, another node may
 	// take over (and will halt the same way until the cause is fixed).
-	if err := lease.Watch(ctx, p.cfg.Engine.LeaseTimeout/3); err != nil {
-		p.log.Warn("lock session lost while halted", "err", err)
+	wctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	go func() {
+		if err := lease.Watch(wctx, p.cfg.Engine.LeaseTimeout/3); err != nil {
+			p.log.Warn("lock session lost while halted", "err", err)
+		}
+	}()
+	for {
+		st, changed := ctl.current()
+		if st.ResumeSeq != seen.ResumeSeq {
+			return true
+		}
+		select {
+		case <-ctx.Done():
+			return false
+		case <-changed:
+		}
 	}
-	<-ctx.Done()
 }
 
 // clearHalt removes a recorded halt from the lease row once this node owns

@@ -84,9 +84,10 @@ func (p *Projection) probe(ctx context.Context) (string, error) {
 //   - Otherwise the projection halts loudly (pgscribe_halted, the log, the
 //     lease row for status, /healthz and /readyz 503), keeps its lock, and
 //     probes every standby_poll. It resumes, logged, when the probe passes
-//     after failing, or when the fingerprint (publication, column types)
-//     changed since the halt.
-func (p *Projection) sourceFault(ctx context.Context, lease *leader.Lease, err error) error {
+//     after failing, when the fingerprint (publication, column types)
+//     changed since the halt, or at once on `pgscribe resume`.
+func (p *Projection) sourceFault(ctx context.Context, lease *leader.Lease, err error, ctl *controls) error {
+	seen, _ := ctl.current() // a resume after this wakes it (pgscribe resume)
 	var se *sourceError
 	errors.As(err, &se)
 	fp, perr := p.probe(ctx)
@@ -126,6 +127,13 @@ func (p *Projection) sourceFault(ctx context.Context, lease *leader.Lease, err e
 	t := time.NewTicker(p.cfg.Engine.StandbyPoll)
 	defer t.Stop()
 	for {
+		st, changed := ctl.current()
+		if st.ResumeSeq != seen.ResumeSeq {
+			p.log.Info("resume requested by an operator: retrying the source now", "stage", stageSource)
+			p.clearHalt(ctx, lease)
+			p.setState(StateStarting)
+			return nil
+		}
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
@@ -135,6 +143,8 @@ func (p *Projection) sourceFault(ctx context.Context, lease *leader.Lease, err e
 			}
 			p.log.Warn("lock session lost while halted", "err", err)
 			return leader.ErrLost
+		case <-changed:
+			continue
 		case <-t.C:
 		}
 		fp2, perr2 := p.probe(ctx)

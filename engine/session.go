@@ -19,6 +19,7 @@ import (
 	"github.com/pgscribe/pgscribe/event"
 	"github.com/pgscribe/pgscribe/leader"
 	"github.com/pgscribe/pgscribe/replication"
+	"github.com/pgscribe/pgscribe/rules"
 	"github.com/pgscribe/pgscribe/sqlstate"
 )
 
@@ -40,11 +41,14 @@ type session struct {
 	backfilling atomic.Bool // until the backfill's last event committed
 	ledger      *ledger
 	parts       *apply.Partitions
+
+	ctl     *controls   // the operator controls this session obeys
+	pausing atomic.Bool // an operator paused the live session: it ends with errPaused
 }
 
 // session runs one active period while lease is held.
-func (p *Projection) session(ctx context.Context, lease *leader.Lease) error {
-	s := &session{Projection: p, lease: lease, store: cursor.New(p.cfg.Engine.Schema, p.spec.Name, p.spec.Version),
+func (p *Projection) session(ctx context.Context, lease *leader.Lease, ctl *controls) error {
+	s := &session{Projection: p, lease: lease, ctl: ctl, store: cursor.New(p.cfg.Engine.Schema, p.spec.Name, p.spec.Version),
 		src:   p.source(),
 		retry: sqlstate.Policy{MaxAttempts: p.cfg.Retry.MaxAttempts, Backoff: p.cfg.Retry.Backoff, MaxBackoff: p.cfg.Retry.MaxBackoff}}
 	return s.run(ctx)
@@ -100,6 +104,8 @@ func (s *session) run(ctx context.Context) error {
 	go func() { defer close(lagDone); s.reportLag(sessCtx) }()
 	pubDone := make(chan struct{})
 	go func() { defer close(pubDone); s.ledger.publish(sessCtx, s.backfilling.Load) }()
+	ctlDone := make(chan struct{})
+	go func() { defer close(ctlDone); s.obeyControls(sessCtx, cancel) }()
 
 	replConn, err := replication.ConnectReplication(sessCtx, s.cfg.Database.URL)
 	err = atSource(err)
@@ -115,6 +121,7 @@ func (s *session) run(ctx context.Context) error {
 	cancel()
 	<-lagDone
 	<-pubDone
+	<-ctlDone
 	if replConn != nil && !s.backfilling.Load() {
 		s.ledger.confirm(context.WithoutCancel(ctx), replConn)
 	}
@@ -123,6 +130,9 @@ func (s *session) run(ctx context.Context) error {
 	}
 	if ctx.Err() != nil {
 		return nil
+	}
+	if s.pausing.Load() {
+		return errPaused
 	}
 	return sourceHalt(err)
 }
@@ -235,7 +245,7 @@ func (s *session) partitions() *apply.Partitions {
 	cfg := s.cfg
 	committer := apply.NewCommitter(s.pool, apply.Options{
 		Projection: s.spec.Name, Version: s.spec.Version, Schema: cfg.Engine.Schema,
-		HaltOnError: s.spec.OnError == "halt",
+		HaltOnError: s.spec.OnError == rules.OnErrorHalt, Park: s.spec.OnError == rules.OnErrorPark,
 		MaxAttempts: cfg.Retry.MaxAttempts, Backoff: cfg.Retry.Backoff, MaxBackoff: cfg.Retry.MaxBackoff,
 	}, s.prog, s.lease, s.metrics, s.log)
 	return apply.NewPartitions(committer, apply.PartitionOptions{

@@ -25,7 +25,7 @@ import (
 // storeTables are the engine tables of the latest schema version.
 // storeTables are the engine schema's tables and views (information_schema
 // lists both).
-var storeTables = []string{"cursors", "dead_letters", "leases", "progress", "read_models", "schema_migrations", "served", "watermarks"}
+var storeTables = []string{"controls", "cursors", "dead_letters", "leases", "parked_events", "progress", "read_models", "retry_requests", "schema_migrations", "served", "watermarks"}
 
 func storeConn(t *testing.T, dsn string) *pgx.Conn {
 	t.Helper()

@@ -91,7 +91,7 @@ type Reading struct {
 //     their age.
 //
 // Exactly 0 when the events table holds no event that is not accounted for
-// (count of events = applied + skipped + dead_lettered, read in one
+// (count of events = applied + skipped + dead_lettered + parked, read in one
 // snapshot).
 func compute(now time.Time, db DBView, local *Local, clock *WALClock) Reading {
 	r := Reading{}

@@ -25,6 +25,7 @@ type Metrics struct {
 	LastCommit    *prometheus.GaugeVec
 	Active        *prometheus.GaugeVec
 	Halted        *prometheus.GaugeVec
+	Paused        *prometheus.GaugeVec
 	Halts         *prometheus.CounterVec
 	DeadLetters   *prometheus.CounterVec
 	StreamGaps    *prometheus.CounterVec
@@ -67,7 +68,7 @@ func NewMetrics(reg prometheus.Registerer, version string) *Metrics {
 		LagBytes: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "pgscribe_replication_lag_bytes",
 			Help: "Source server WAL LSN minus the slot's confirmed_flush_lsn."}, pv),
 		Backlog: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "pgscribe_backlog_events",
-			Help: "Source events not yet accounted for: count of events minus applied + skipped + dead_lettered of the version's cursors."}, pv),
+			Help: "Source events not yet accounted for: count of events minus applied + skipped + dead_lettered + parked of the version's cursors."}, pv),
 		WatermarkLSN: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "pgscribe_watermark_lsn",
 			Help: "Contiguous watermark LSN (as a number): everything at or below it is durably accounted for."}, pv),
 		LastCommit: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "pgscribe_last_commit_timestamp_seconds",
@@ -76,6 +77,8 @@ func NewMetrics(reg prometheus.Registerer, version string) *Metrics {
 			Help: "1 on the node holding the projection's lock, else 0."}, pv),
 		Halted: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "pgscribe_halted",
 			Help: "1 when the projection is halted on a structural failure."}, pv),
+		Paused: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "pgscribe_paused",
+			Help: "1 while an operator paused the projection (pgscribe pause) on the node holding its lock."}, pv),
 		Halts: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "pgscribe_halts_total",
 			Help: "Halts by stage (source, lock, commit) and SQLSTATE class (two characters; none without a SQLSTATE)."},
 			append(pv, "stage", "sqlstate_class")),
@@ -104,7 +107,7 @@ func NewMetrics(reg prometheus.Registerer, version string) *Metrics {
 		Help: "Build information; always 1."}, []string{"version", "goversion"})
 	info.WithLabelValues(version, runtime.Version()).Set(1)
 	reg.MustRegister(m.Events, m.Batches, m.Isolation, m.BatchDuration, m.BatchEvents, m.LagSeconds, m.LagBytes,
-		m.Backlog, m.WatermarkLSN, m.LastCommit, m.Active, m.Halted, m.Halts, m.DeadLetters, m.StreamGaps,
+		m.Backlog, m.WatermarkLSN, m.LastCommit, m.Active, m.Halted, m.Paused, m.Halts, m.DeadLetters, m.StreamGaps,
 		m.Reconnects, m.BackfillDone, m.BackfillTotal, m.WatermarkTime, m.SlotRetained, m.ProbeErrors, m.RowsMissing, m.Retries, info)
 	return m
 }
@@ -139,7 +142,7 @@ func (m *Metrics) For(name string, version int64) *Projection {
 	for _, r := range []string{"committed", "retried", "isolated", "halted"} {
 		m.Batches.WithLabelValues(name, v, r)
 	}
-	for _, g := range []*prometheus.GaugeVec{m.LagSeconds, m.LagBytes, m.Backlog, m.WatermarkLSN, m.Active, m.Halted,
+	for _, g := range []*prometheus.GaugeVec{m.LagSeconds, m.LagBytes, m.Backlog, m.WatermarkLSN, m.Active, m.Halted, m.Paused,
 		m.WatermarkTime, m.SlotRetained, m.BackfillDone, m.BackfillTotal} {
 		g.WithLabelValues(name, v)
 	}
@@ -203,6 +206,9 @@ func (p *Projection) SetActive(on bool) { p.m.Active.WithLabelValues(p.name, p.v
 
 // SetHalted sets pgscribe_halted.
 func (p *Projection) SetHalted(on bool) { p.m.Halted.WithLabelValues(p.name, p.ver).Set(b2f(on)) }
+
+// SetPaused sets pgscribe_paused.
+func (p *Projection) SetPaused(on bool) { p.m.Paused.WithLabelValues(p.name, p.ver).Set(b2f(on)) }
 
 // Halt counts one halt at stage (source, lock, commit) whose error has
 // SQLSTATE code ("" when none): the label is the code's class, never the

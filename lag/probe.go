@@ -121,7 +121,7 @@ LEFT JOIN pg_replication_slots AS s ON s.slot_name = $1`,
 		// tail above a floor below every such event.
 		tsQuery: `SELECT min(ts) FROM (SELECT pg_xact_commit_timestamp(xmin) AS ts FROM ` + table +
 			` WHERE ` + pos + ` > $1::bigint) AS e WHERE ts > $2`,
-		sumQuery: `SELECT coalesce(sum(applied + skipped + dead_lettered), 0)::bigint, max(updated_at) FROM ` +
+		sumQuery: `SELECT coalesce(sum(applied + skipped + dead_lettered + parked), 0)::bigint, max(updated_at) FROM ` +
 			pgx.Identifier{cfg.Schema, "cursors"}.Sanitize() + ` WHERE projection = $1 AND version = $2`,
 	}
 }

@@ -87,7 +87,7 @@ func (p *Program) Name() string { return p.name }
 func (p *Program) Version() int64 { return p.version }
 
 // OnError is the projection's policy for rule errors: OnErrorDeadLetter
-// (the default) or OnErrorHalt.
+// (the default), OnErrorHalt or OnErrorPark.
 func (p *Program) OnError() string { return p.onError }
 
 // Targets returns one Target per insert, upsert, update or delete rule, in

@@ -16,6 +16,7 @@ import (
 const (
 	OnErrorDeadLetter = "dead_letter"
 	OnErrorHalt       = "halt"
+	OnErrorPark       = "park" // a dead letter holds its stream's later events until retried or skipped
 
 	IfMissingIgnore     = "ignore"
 	IfMissingDeadLetter = "dead_letter"
@@ -23,7 +24,7 @@ const (
 
 // OnErrorValues and IfMissingValues list the allowed values, default first.
 var (
-	OnErrorValues   = []string{OnErrorDeadLetter, OnErrorHalt}
+	OnErrorValues   = []string{OnErrorDeadLetter, OnErrorHalt, OnErrorPark}
 	IfMissingValues = []string{IfMissingIgnore, IfMissingDeadLetter}
 )
 

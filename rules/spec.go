@@ -11,7 +11,7 @@ import (
 type Spec struct {
 	Name    string     `toml:"name"`
 	Version int64      `toml:"version"`
-	OnError string     `toml:"on_error"` // "dead_letter" (default) or "halt"
+	OnError string     `toml:"on_error"` // "dead_letter" (default), "halt" or "park"
 	Rules   []RuleSpec `toml:"rule"`
 
 	// Schema is where this version's rule tables live when a rule names
