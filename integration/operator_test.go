@@ -152,6 +152,9 @@ func TestOperatorPauseFailover(t *testing.T) {
 	if st.State != "paused" || st.Paused == nil || st.Paused.Reason != "maintenance" || st.WALRetained == nil {
 		t.Errorf("status while paused = %+v, want state paused, reason maintenance, WAL retained shown", st)
 	}
+	if got := scalar[string](t, e.pool, `SELECT state FROM pgscribe.progress WHERE projection = 'pz' AND version = 1`); got != "paused" {
+		t.Errorf("pgscribe.progress state = %q while paused, want paused", got)
+	}
 
 	// kill -9 the paused active node: the standby takes the lock, and stays
 	// paused.
@@ -172,6 +175,9 @@ func TestOperatorPauseFailover(t *testing.T) {
 	}
 	waitAccounted(t, e.pool, waitLong, "pz", 1, b.broken)
 	waitMetric(t, b, "pgscribe_paused", "pz", 0, 10*time.Second)
+	if got := scalar[string](t, e.pool, `SELECT state FROM pgscribe.progress WHERE projection = 'pz' AND version = 1`); got != "live" {
+		t.Errorf("pgscribe.progress state = %q after the resume, want live", got)
+	}
 	proj.check(t, e)
 	e.checkAccounting(t, "pz")
 	e.checkNoDeadLetters(t, "pz")
