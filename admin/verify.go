@@ -53,7 +53,9 @@ type VerifyOptions struct {
 // position order — each stream in order — through apply's Committer. Rows
 // that several streams write non-commutatively (set, insert, delete; not
 // inc alone) depend on the cross-stream commit order, which a rebuild
-// cannot know: such rows are reported as order-dependent, not as drift.
+// cannot know: such a row is drift only when its presence or a column's
+// value is one no writing stream's last write leaves (verifyshared.go);
+// the columns that cannot be decided are reported as undecidable.
 //
 // Progress goes to progress (one line per step and table); the report to
 // w. Drift returns ErrDrift.
