@@ -201,6 +201,9 @@ func verifyIn(ctx context.Context, cfg *config.Config, o VerifyOptions, conn *pg
 	}
 
 	rep := &driftReport{limit: o.Limit}
+	if rep.deadDiffer, err = commitDeadLettersDiffer(ctx, conn, s); err != nil {
+		return err
+	}
 	for _, t := range tables {
 		if err := track.store(ctx, conn, s, t, compared[t], len(o.Streams) > 0, rep); err != nil {
 			return err
@@ -535,7 +538,7 @@ func (w *writers) store(ctx context.Context, conn *pgx.Conn, s *scratch, t strin
 		}
 		own = append(own, wr.keyValue)
 	}
-	if err := storeShared(ctx, conn, s, t, cols, compared, orderDep); err != nil {
+	if err := storeShared(ctx, conn, s, t, cols, compared, orderDep, rep.deadDiffer); err != nil {
 		return err
 	}
 	rep.shared += len(orderDep)
@@ -601,7 +604,10 @@ type driftReport struct {
 	undecidable map[string]int
 	// shared counts the rows several streams write non-commutatively.
 	shared int
-	keys   map[string][]string
+	// deadDiffer: the live version and the rebuild dead-lettered
+	// different events at commit time.
+	deadDiffer bool
+	keys       map[string][]string
 }
 
 // diffTable joins the live snapshot of t with its rebuild on the key, in

@@ -127,10 +127,11 @@ func (r *rowWrites) presence() (present, absent bool) {
 }
 
 // modes sorts the compared columns of a shared row: exact ones must equal
-// the rebuild (a sum only upserts add to commutes), undecidable ones
-// (with the reason) are not checked, the others are checked against the
-// streams' last assignments.
-func (r *rowWrites) modes(cols []string) (exact []string, undecidable map[string]string) {
+// the rebuild (a sum only upserts add to commutes, if both sides applied
+// the same events: deadDiffer says their commit-time dead letters
+// differ), undecidable ones (with the reason) are not checked, the others
+// are checked against the streams' last assignments.
+func (r *rowWrites) modes(cols []string, deadDiffer bool) (exact []string, undecidable map[string]string) {
 	undecidable = map[string]string{}
 	for _, c := range cols {
 		switch {
@@ -138,6 +139,8 @@ func (r *rowWrites) modes(cols []string) (exact []string, undecidable map[string
 			undecidable[c] = "set and inc on one column by several streams: the sum depends on which set came last"
 		case r.inc[c] && r.other:
 			undecidable[c] = "inc on a row several streams write with insert, update or delete: the sum depends on whether the row existed at each inc"
+		case r.inc[c] && deadDiffer:
+			undecidable[c] = "the live version and the rebuild dead-lettered different events at commit (a constraint the commit order decides): the sum depends on which incs applied"
 		case r.inc[c]:
 			exact = append(exact, c)
 		case r.omits[c] != "":
@@ -152,7 +155,7 @@ func (r *rowWrites) modes(cols []string) (exact []string, undecidable map[string
 // are legitimate, the exact and undecidable columns) and pgscribe_cand__t
 // (key, one stream's last assigned values typed as t's columns, and which
 // columns it assigned).
-func storeShared(ctx context.Context, conn *pgx.Conn, s *scratch, t string, key, cols []string, rows []*writer) error {
+func storeShared(ctx context.Context, conn *pgx.Conn, s *scratch, t string, key, cols []string, rows []*writer, deadDiffer bool) error {
 	od := keyTable(s, "pgscribe_orderdep__", t)
 	cand := keyTable(s, "pgscribe_cand__", t)
 	all := slices.Clone(key)
@@ -178,7 +181,7 @@ func storeShared(ctx context.Context, conn *pgx.Conn, s *scratch, t string, key,
 			o[c] = wr.keyValue[i]
 		}
 		present, absent := wr.writes.presence()
-		exact, undecidable := wr.writes.modes(cols)
+		exact, undecidable := wr.writes.modes(cols, deadDiffer)
 		o["pgscribe_present"], o["pgscribe_absent"], o["pgscribe_exact"], o["pgscribe_undecidable"] = present, absent, exact, undecidable
 		ods = append(ods, o)
 		for stream, sw := range wr.writes.streams {
@@ -273,4 +276,21 @@ func liveDeadLettered(ctx context.Context, conn *pgx.Conn, s *scratch) (map[stri
 		return nil, fmt.Errorf("read dead-letter snapshot: %w", err)
 	}
 	return dead, nil
+}
+
+// commitDeadLettersDiffer reports whether the live version and the
+// rebuild dead-lettered different events at commit time.
+func commitDeadLettersDiffer(ctx context.Context, conn *pgx.Conn, s *scratch) (bool, error) {
+	var differ bool
+	err := conn.QueryRow(ctx, fmt.Sprintf(`SELECT EXISTS (
+  (SELECT stream_id, stream_position FROM %[1]s WHERE error_kind LIKE 'commit:%%'
+   EXCEPT SELECT stream_id, stream_position FROM %[2]s WHERE error_kind LIKE 'commit:%%')
+  UNION ALL
+  (SELECT stream_id, stream_position FROM %[2]s WHERE error_kind LIKE 'commit:%%'
+   EXCEPT SELECT stream_id, stream_position FROM %[1]s WHERE error_kind LIKE 'commit:%%'))`,
+		s.liveDeadLetters(), pgx.Identifier{s.schema, "dead_letters"}.Sanitize())).Scan(&differ)
+	if err != nil {
+		return false, fmt.Errorf("compare commit-time dead letters: %w", err)
+	}
+	return differ, nil
 }

@@ -90,7 +90,7 @@ func TestRowWrites(t *testing.T) {
 			if !reflect.DeepEqual(got, tt.vals) {
 				t.Errorf("last values: got %v, want %v", got, tt.vals)
 			}
-			exact, undecidable := r.modes(cols)
+			exact, undecidable := r.modes(cols, false)
 			var und []string
 			for _, c := range cols {
 				if _, ok := undecidable[c]; ok {
@@ -99,6 +99,10 @@ func TestRowWrites(t *testing.T) {
 			}
 			if !reflect.DeepEqual(exact, tt.exact) || !reflect.DeepEqual(und, tt.undecidable) {
 				t.Errorf("modes: exact %v undecidable %v, want %v %v", exact, und, tt.exact, tt.undecidable)
+			}
+			// A sum is exact only if both sides applied the same events.
+			if exact, undecidable := r.modes(cols, true); len(exact) > 0 || len(undecidable) < len(tt.exact)+len(tt.undecidable) {
+				t.Errorf("modes with differing dead letters: exact %v undecidable %v", exact, undecidable)
 			}
 		})
 	}
