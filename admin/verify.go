@@ -53,7 +53,9 @@ type VerifyOptions struct {
 // position order — each stream in order — through apply's Committer. Rows
 // that several streams write non-commutatively (set, insert, delete; not
 // inc alone) depend on the cross-stream commit order, which a rebuild
-// cannot know: such rows are reported as order-dependent, not as drift.
+// cannot know: such a row is drift only when its presence or a column's
+// value is one no writing stream's last write leaves (verifyshared.go);
+// the columns that cannot be decided are reported as undecidable.
 //
 // Progress goes to progress (one line per step and table); the report to
 // w. Drift returns ErrDrift.
@@ -133,6 +135,10 @@ func verifyIn(ctx context.Context, cfg *config.Config, o VerifyOptions, conn *pg
 	defer src.Close(context.WithoutCancel(ctx))
 
 	track := newWriters(keys)
+	track.cols = compared
+	if track.dead, err = liveDeadLettered(ctx, conn, s); err != nil {
+		return err
+	}
 	pool, err := buildPool(ctx, cfg.TargetURL(), s.schema, cfg.Engine.Parallelism+1)
 	if err != nil {
 		return err
@@ -195,15 +201,19 @@ func verifyIn(ctx context.Context, cfg *config.Config, o VerifyOptions, conn *pg
 	}
 
 	rep := &driftReport{limit: o.Limit}
+	if rep.deadDiffer, err = commitDeadLettersDiffer(ctx, conn, s); err != nil {
+		return err
+	}
 	for _, t := range tables {
-		if err := track.store(ctx, conn, s, t, len(o.Streams) > 0); err != nil {
+		if err := track.store(ctx, conn, s, t, compared[t], len(o.Streams) > 0, rep); err != nil {
 			return err
 		}
 		tstart := time.Now()
 		if err := diffTable(ctx, conn, s, t, keys[t], compared[t], len(o.Streams) > 0, rep); err != nil {
 			return err
 		}
-		logf("table %s: %d rows drift, %d order-dependent, compared in %s", t, rep.drift[t], rep.orderDep[t], time.Since(tstart).Round(time.Millisecond))
+		logf("table %s: %d rows drift, %d shared rows differ legitimately, %d undecidable, compared in %s",
+			t, rep.drift[t], rep.orderDep[t], rep.undecidable[t], time.Since(tstart).Round(time.Millisecond))
 	}
 	if err := rep.account(ctx, conn, s); err != nil {
 		return err
@@ -396,13 +406,18 @@ type writer struct {
 	multi    bool
 	nonComm  bool
 	keyValue []any
+	writes   rowWrites // each stream's last write, for shared rows
 }
 
 // writers records, per table and row key, which streams write a row (from
 // the intents the rules produce). Safe for concurrent use.
 type writers struct {
 	mu   sync.Mutex
-	keys map[string][]string           // table → key columns
+	keys map[string][]string // table → key columns
+	cols map[string][]string // table → compared columns
+	// dead holds the events the live version dead-lettered (stream
+	// id, NUL, stream position): their writes never applied live.
+	dead map[string]bool
 	rows map[string]map[string]*writer // table → key text → writer
 	only map[string]map[string]*writer // if set, record only these rows
 	// untracked names, per table, a rule that writes it by other columns
@@ -469,6 +484,7 @@ func (w *writers) see(ev *event.Event, intents []event.Intent) {
 		if !commutes(in) {
 			wr.nonComm = true
 		}
+		wr.writes.record(ev.StreamID, ev.StreamPosition, in, w.cols[in.Table], !w.dead[deadKey(ev.StreamID, ev.StreamPosition)])
 	}
 }
 
@@ -503,21 +519,29 @@ func (w *writers) exclude(others *writers) {
 // store writes table t's order-dependent row keys (and, for -stream, the
 // keys of the rows the selected streams alone write) into scratch tables
 // the diff joins with, typed as t's own key columns.
-func (w *writers) store(ctx context.Context, conn *pgx.Conn, s *scratch, t string, streams bool) error {
+func (w *writers) store(ctx context.Context, conn *pgx.Conn, s *scratch, t string, compared []string, streams bool, rep *driftReport) error {
 	cols := w.keys[t]
 	if cols == nil {
 		return nil
 	}
-	var orderDep, own [][]any
+	if compared == nil {
+		var err error
+		if compared, err = columnNames(ctx, conn, s.ident(t)); err != nil {
+			return err
+		}
+	}
+	var orderDep []*writer
+	var own [][]any
 	for _, wr := range w.rows[t] {
 		if wr.multi && wr.nonComm {
-			orderDep = append(orderDep, wr.keyValue)
+			orderDep = append(orderDep, wr)
 		}
 		own = append(own, wr.keyValue)
 	}
-	if err := storeKeys(ctx, conn, s, t, "pgscribe_orderdep__", cols, orderDep); err != nil {
+	if err := storeShared(ctx, conn, s, t, cols, compared, orderDep, rep.deadDiffer); err != nil {
 		return err
 	}
+	rep.shared += len(orderDep)
 	if streams {
 		return storeKeys(ctx, conn, s, t, "pgscribe_own__", cols, own)
 	}
@@ -534,27 +558,15 @@ func storeKeys(ctx context.Context, conn *pgx.Conn, s *scratch, t, prefix string
 	if _, err := conn.Exec(ctx, fmt.Sprintf("CREATE TABLE %s AS SELECT %s FROM %s WITH NO DATA", ident, list, s.ident(t))); err != nil {
 		return fmt.Errorf("create key table for %s: %w", t, err)
 	}
-	const chunk = 10000
-	for len(vals) > 0 {
-		n := min(chunk, len(vals))
-		objs := make([]map[string]any, n)
-		for i, v := range vals[:n] {
-			o := make(map[string]any, len(cols))
-			for j, c := range cols {
-				o[c] = v[j]
-			}
-			objs[i] = o
+	objs := make([]map[string]any, len(vals))
+	for i, v := range vals {
+		o := make(map[string]any, len(cols))
+		for j, c := range cols {
+			o[c] = v[j]
 		}
-		b, err := json.Marshal(objs)
-		if err != nil {
-			return fmt.Errorf("encode keys of %s: %w", t, err)
-		}
-		if _, err := conn.Exec(ctx, fmt.Sprintf("INSERT INTO %s SELECT %s FROM jsonb_populate_recordset(NULL::%s, $1::jsonb)", ident, list, ident), string(b)); err != nil {
-			return fmt.Errorf("store keys of %s: %w", t, err)
-		}
-		vals = vals[n:]
+		objs[i] = o
 	}
-	return nil
+	return insertJSON(ctx, conn, ident, t, objs)
 }
 
 func quoteColumns(cols []string) string {
@@ -570,7 +582,15 @@ type driftRow struct {
 	table, kind    string // missing | extra | different
 	key            map[string]any
 	live, expected map[string]any
+	// orderDependent: several streams write the row (see verifyshared.go);
+	// then badPresence and badColumns are what no stream's last write
+	// explains (drift), undecided the differing columns verify cannot
+	// decide, with reasons per column.
 	orderDependent bool
+	badPresence    bool
+	badColumns     []string
+	undecided      []string
+	reasons        map[string]string
 }
 
 type driftReport struct {
@@ -578,8 +598,16 @@ type driftReport struct {
 	accounts []accountDiff
 	rows     []driftRow // printed, up to limit per table
 	drift    map[string]int
-	orderDep map[string]int
-	keys     map[string][]string
+	orderDep map[string]int // shared rows that differ legitimately
+	// undecidable counts shared rows whose only differences are in
+	// columns verify cannot decide.
+	undecidable map[string]int
+	// shared counts the rows several streams write non-commutatively.
+	shared int
+	// deadDiffer: the live version and the rebuild dead-lettered
+	// different events at commit time.
+	deadDiffer bool
+	keys       map[string][]string
 }
 
 // diffTable joins the live snapshot of t with its rebuild on the key, in
@@ -587,7 +615,7 @@ type driftReport struct {
 // of each side missing from the other, as multisets).
 func diffTable(ctx context.Context, conn *pgx.Conn, s *scratch, t string, key, cols []string, streams bool, rep *driftReport) error {
 	if rep.drift == nil {
-		rep.drift, rep.orderDep, rep.keys = map[string]int{}, map[string]int{}, map[string][]string{}
+		rep.drift, rep.orderDep, rep.undecidable, rep.keys = map[string]int{}, map[string]int{}, map[string]int{}, map[string][]string{}
 	}
 	rep.keys[t] = key
 	if cols == nil {
@@ -630,14 +658,18 @@ UNION ALL SELECT 'missing', NULL::jsonb, to_jsonb(e), false FROM (SELECT %[1]s F
 			own := strings.ReplaceAll(strings.Join(od, " AND "), "o.", "w.")
 			where = fmt.Sprintf(" AND EXISTS (SELECT 1 FROM %s w WHERE %s)", keyTable(s, "pgscribe_own__", t), own)
 		}
+		// A shared row (o) differs legitimately unless its presence or a
+		// column's value is one no writing stream's last write leaves.
+		presence, bad, undecided := sharedChecks(s, t, key, cols)
 		q = fmt.Sprintf(`SELECT CASE WHEN l.%[1]s IS NULL THEN 'missing' WHEN e.%[1]s IS NULL THEN 'extra' ELSE 'different' END,
   CASE WHEN l.%[1]s IS NULL THEN NULL ELSE to_jsonb(l) END, CASE WHEN e.%[1]s IS NULL THEN NULL ELSE to_jsonb(e) END,
-  EXISTS (SELECT 1 FROM %[2]s o WHERE %[3]s)
-FROM %[4]s l FULL JOIN %[5]s e ON %[6]s
+  o.%[1]s IS NOT NULL, coalesce(%[11]s, false), %[12]s, %[13]s, o.pgscribe_undecidable
+FROM %[4]s l FULL JOIN %[5]s e ON %[6]s LEFT JOIN %[2]s o ON %[3]s
 WHERE (l.%[1]s IS NULL OR e.%[1]s IS NULL OR (%[7]s) IS DISTINCT FROM (%[8]s))%[9]s
 ORDER BY %[10]s`,
 			k0, keyTable(s, "pgscribe_orderdep__", t), strings.Join(od, " AND "), live, rebuilt,
-			strings.Join(on, " AND "), strings.Join(lc, ", "), strings.Join(ec, ", "), where, strings.Join(order, ", "))
+			strings.Join(on, " AND "), strings.Join(lc, ", "), strings.Join(ec, ", "), where, strings.Join(order, ", "),
+			presence, bad, undecided)
 	}
 	rows, err := conn.Query(ctx, q)
 	if err != nil {
@@ -647,13 +679,21 @@ ORDER BY %[10]s`,
 	printed := 0
 	for rows.Next() {
 		r := driftRow{table: t}
-		if err := rows.Scan(&r.kind, &r.live, &r.expected, &r.orderDependent); err != nil {
+		if key == nil {
+			err = rows.Scan(&r.kind, &r.live, &r.expected, &r.orderDependent)
+		} else {
+			err = rows.Scan(&r.kind, &r.live, &r.expected, &r.orderDependent, &r.badPresence, &r.badColumns, &r.undecided, &r.reasons)
+		}
+		if err != nil {
 			return fmt.Errorf("diff %s: %w", t, err)
 		}
-		if r.orderDependent {
-			rep.orderDep[t]++
-		} else {
+		switch {
+		case !r.orderDependent || r.badPresence || len(r.badColumns) > 0:
 			rep.drift[t]++
+		case len(r.undecided) > 0:
+			rep.undecidable[t]++
+		default:
+			rep.orderDep[t]++
 		}
 		if printed < rep.limit {
 			printed++
@@ -665,19 +705,23 @@ ORDER BY %[10]s`,
 
 // write prints the report and returns ErrDrift when a row drifted.
 func (rep *driftReport) write(w io.Writer, spec rules.Spec, events int64, streams int, tables []string) error {
-	total, orderDep := 0, 0
+	total, orderDep, undecidable := 0, 0, 0
 	for _, t := range tables {
 		total += rep.drift[t]
 		orderDep += rep.orderDep[t]
+		undecidable += rep.undecidable[t]
 	}
 	for _, t := range tables {
-		if rep.drift[t]+rep.orderDep[t] == 0 {
+		if rep.drift[t]+rep.orderDep[t]+rep.undecidable[t] == 0 {
 			fmt.Fprintf(w, "table %s: no drift\n", t)
 			continue
 		}
 		fmt.Fprintf(w, "table %s: %d rows drift", t, rep.drift[t])
 		if rep.orderDep[t] > 0 {
-			fmt.Fprintf(w, ", %d order-dependent rows differ", rep.orderDep[t])
+			fmt.Fprintf(w, ", %d shared rows differ legitimately", rep.orderDep[t])
+		}
+		if rep.undecidable[t] > 0 {
+			fmt.Fprintf(w, ", %d undecidable", rep.undecidable[t])
 		}
 		fmt.Fprintln(w)
 		for _, r := range rep.rows {
@@ -688,15 +732,22 @@ func (rep *driftReport) write(w io.Writer, spec rules.Spec, events int64, stream
 	}
 	total += rep.writeAccounting(w)
 	fmt.Fprintf(w, "%s v%d: %d events of %d streams rebuilt; ", spec.Name, spec.Version, events, streams)
+	var notes []string
+	if orderDep > 0 {
+		notes = append(notes, fmt.Sprintf("%d rows written by several streams hold another stream's last write than the rebuild: a legitimate commit order", orderDep))
+	}
+	if undecidable > 0 {
+		notes = append(notes, fmt.Sprintf("%d rows written by several streams differ in columns verify cannot decide", undecidable))
+	}
+	note := ""
+	if len(notes) > 0 {
+		note = " (" + strings.Join(notes, "; ") + ")"
+	}
 	if total == 0 {
-		fmt.Fprint(w, "no drift")
-		if orderDep > 0 {
-			fmt.Fprintf(w, " (%d rows written by several streams with set/insert/delete differ: their value follows the cross-stream commit order, which a rebuild cannot know)", orderDep)
-		}
-		fmt.Fprintln(w)
+		fmt.Fprintf(w, "no drift%s\n", note)
 		return nil
 	}
-	fmt.Fprintf(w, "%d differences (drift)\n", total)
+	fmt.Fprintf(w, "%d differences (drift)%s\n", total, note)
 	return fmt.Errorf("%s v%d: %d differences from a rebuild: %w", spec.Name, spec.Version, total, ErrDrift)
 }
 
@@ -714,12 +765,25 @@ func (r driftRow) describe(key []string) string {
 	}
 	prefix := r.kind
 	if r.orderDependent {
-		prefix += " (order-dependent)"
+		switch {
+		case r.badPresence || len(r.badColumns) > 0:
+			prefix += " (shared)"
+		case len(r.undecided) > 0:
+			prefix += " (shared, undecidable)"
+		default:
+			prefix += " (shared, legitimate)"
+		}
 	}
-	switch r.kind {
-	case "missing":
+	switch {
+	case r.kind == "missing" && r.orderDependent && r.badPresence:
+		return fmt.Sprintf("%-9s %s: not in the live table, though every writing stream's last write leaves it present; rebuilt row %s", prefix, keyText, formatValue(r.expected))
+	case r.kind == "missing" && r.orderDependent:
+		return fmt.Sprintf("%-9s %s: not in the live table, as a writing stream's last write can leave it; rebuilt row %s", prefix, keyText, formatValue(r.expected))
+	case r.kind == "missing":
 		return fmt.Sprintf("%-9s %s: not in the live table; rebuilt row %s", prefix, keyText, formatValue(r.expected))
-	case "extra":
+	case r.kind == "extra" && r.orderDependent && r.badPresence:
+		return fmt.Sprintf("%-9s %s: not in the rebuild, and no writing stream's last write leaves it present; live row %s", prefix, keyText, formatValue(r.live))
+	case r.kind == "extra" && !r.orderDependent:
 		return fmt.Sprintf("%-9s %s: not in the rebuild; live row %s", prefix, keyText, formatValue(r.live))
 	}
 	var cols []string
@@ -728,9 +792,24 @@ func (r driftRow) describe(key []string) string {
 	}
 	sort.Strings(cols)
 	var ds []string
+	if r.kind == "extra" {
+		ds = append(ds, "not in the rebuild, but a writing stream's last write leaves it present")
+	}
 	for _, c := range cols {
-		if !reflect.DeepEqual(r.live[c], r.expected[c]) {
+		if r.expected != nil && reflect.DeepEqual(r.live[c], r.expected[c]) {
+			continue
+		}
+		if !r.orderDependent {
 			ds = append(ds, fmt.Sprintf("%s: live %s, expected %s", c, formatValue(r.live[c]), formatValue(r.expected[c])))
+			continue
+		}
+		switch {
+		case slices.Contains(r.badColumns, c):
+			ds = append(ds, fmt.Sprintf("%s: live %s, which no writing stream's last write gives (rebuild %s)", c, formatValue(r.live[c]), formatValue(r.expected[c])))
+		case slices.Contains(r.undecided, c):
+			ds = append(ds, fmt.Sprintf("%s: live %s, rebuild %s (undecidable: %s)", c, formatValue(r.live[c]), formatValue(r.expected[c]), r.reasons[c]))
+		case r.expected != nil:
+			ds = append(ds, fmt.Sprintf("%s: live %s, rebuild %s (another writing stream's last write)", c, formatValue(r.live[c]), formatValue(r.expected[c])))
 		}
 	}
 	if len(ds) == 0 {
