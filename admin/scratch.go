@@ -35,7 +35,6 @@ type scratch struct {
 // schema: a qualified name cannot keep its dot.
 func scratchTableName(live string) string { return strings.ReplaceAll(live, ".", "__") }
 
-func quoteQualified(name string) string { return pgx.Identifier(strings.Split(name, ".")).Sanitize() }
 
 // newScratch creates the scratch schema named prefix plus a unique suffix,
 // with an engine schema and copies of tables. The caller drops it.
@@ -55,7 +54,7 @@ func newScratch(ctx context.Context, conn *pgx.Conn, prefix string, tables []str
 			}
 		}
 		if _, err := conn.Exec(ctx, fmt.Sprintf("CREATE TABLE %s (LIKE %s INCLUDING ALL)",
-			pgx.Identifier{s.schema, scratchTableName(t)}.Sanitize(), quoteQualified(t))); err != nil {
+			pgx.Identifier{s.schema, scratchTableName(t)}.Sanitize(), event.Table(t).Quoted())); err != nil {
 			return s, fmt.Errorf("copy table %s: %w", t, err)
 		}
 		if err := s.ownSequences(ctx, conn, t); err != nil {

@@ -246,7 +246,7 @@ func snapshotLive(ctx context.Context, conn *pgx.Conn, cfg *config.Config, s *sc
 		return nil, fmt.Errorf("snapshot dead letters: %w", err)
 	}
 	for _, t := range tables {
-		if _, err := tx.Exec(ctx, fmt.Sprintf("CREATE UNLOGGED TABLE %s AS SELECT * FROM %s", s.liveIdent(t), quoteQualified(t))); err != nil {
+		if _, err := tx.Exec(ctx, fmt.Sprintf("CREATE UNLOGGED TABLE %s AS SELECT * FROM %s", s.liveIdent(t), event.Table(t).Quoted())); err != nil {
 			return nil, fmt.Errorf("snapshot table %s: %w", t, err)
 		}
 	}
@@ -286,7 +286,7 @@ func readEvents(ctx context.Context, conn *pgx.Conn, src config.Source, cursors 
 	// without time zone is taken as UTC, whatever the session's TimeZone).
 	q := fmt.Sprintf(`SELECT %s::bigint, %s::text, %s::text, %s::bigint, %s, %s::text, %s::text, %s FROM %s`,
 		id(c.Position), id(c.ID), id(c.StreamID), id(c.StreamPosition), id(c.Type), id(c.Data), id(c.Metadata), id(c.OccurredAt),
-		quoteQualified(src.Table))
+		event.Table(src.Table).Quoted())
 	var args []any
 	if len(streams) > 0 {
 		q += fmt.Sprintf(" WHERE %s::text = ANY($1)", id(c.StreamID))
@@ -360,7 +360,7 @@ func writtenColumns(spec rules.Spec, prog *rules.Program, t string) []string {
 func tableKey(ctx context.Context, conn *pgx.Conn, t string, prog *rules.Program, compared []string) ([]string, error) {
 	rows, err := conn.Query(ctx, `SELECT a.attname FROM pg_index i
 JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = ANY(i.indkey)
-WHERE i.indrelid = $1::regclass AND i.indisprimary ORDER BY a.attname`, quoteQualified(t))
+WHERE i.indrelid = $1::regclass AND i.indisprimary ORDER BY a.attname`, event.Table(t).Quoted())
 	if err != nil {
 		return nil, fmt.Errorf("read primary key of %s: %w", t, err)
 	}
