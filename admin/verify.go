@@ -415,9 +415,11 @@ func newWriters(keys map[string][]string) *writers {
 }
 
 // commutes reports whether an intent's effect on its row is independent of
-// the order of other streams' writes: an update or upsert that only adds.
+// the order of other streams' writes: one that only adds (an update or
+// upsert with inc and no set; the op table's IncAdds).
 func commutes(in event.Intent) bool {
-	return (in.Op == event.OpUpdate || in.Op == event.OpUpsert) && len(in.Set) == 0 && len(in.Inc) > 0
+	spec, _ := in.Op.Spec()
+	return spec.IncAdds && len(in.Set) == 0 && len(in.Inc) > 0
 }
 
 func (w *writers) see(ev *event.Event, intents []event.Intent) {

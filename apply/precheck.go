@@ -112,7 +112,7 @@ func (c *Committer) eachTooLong(ctx context.Context, q queryer, plan []planned, 
 		}
 		for j := range p.intents {
 			in := &p.intents[j]
-			if in.Op != event.OpInsert && in.Op != event.OpUpsert && in.Op != event.OpUpdate {
+			if storedColumns(in) == nil {
 				continue
 			}
 			lim, err := c.limits.of(ctx, q, in.Table)
@@ -143,11 +143,7 @@ func (l *limits) forget(tables map[string]bool) {
 // tooLong returns the error PostgreSQL raises for the first value of in
 // that does not fit its bounded column, or nil.
 func tooLong(in *event.Intent, lim lengths) error {
-	stored := [][]event.Column{in.Key, in.Set}
-	if in.Op == event.OpUpdate {
-		stored = stored[1:] // an update's key is compared, not stored
-	}
-	for _, cols := range stored {
+	for _, cols := range storedColumns(in) {
 		for _, col := range cols {
 			b, ok := lim[col.Name]
 			if !ok {
