@@ -35,7 +35,6 @@ type scratch struct {
 // schema: a qualified name cannot keep its dot.
 func scratchTableName(live string) string { return strings.ReplaceAll(live, ".", "__") }
 
-
 // newScratch creates the scratch schema named prefix plus a unique suffix,
 // with an engine schema and copies of tables. The caller drops it.
 func newScratch(ctx context.Context, conn *pgx.Conn, prefix string, tables []string) (*scratch, error) {
