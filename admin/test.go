@@ -571,11 +571,7 @@ func tableDiff(ctx context.Context, conn *pgx.Conn, s *scratch, f *Fixture, t Fi
 	if err != nil {
 		return "", fmt.Errorf("encode rows of %s: %w", t.Name, err)
 	}
-	list := make([]string, len(cols))
-	for i, c := range cols {
-		list[i] = pgx.Identifier{c}.Sanitize()
-	}
-	sel := strings.Join(list, ", ")
+	sel := quoteColumns(cols)
 	q := fmt.Sprintf(`WITH want AS (SELECT %[1]s FROM jsonb_populate_recordset(NULL::%[2]s, $1::jsonb)),
 got AS (SELECT %[1]s FROM %[2]s)
 SELECT 'missing', to_jsonb(m) FROM (SELECT * FROM want EXCEPT ALL SELECT * FROM got) m
