@@ -11,21 +11,6 @@ import (
 // and then with 0.1% of the events carrying a reference too long for it
 // (dead-lettered at commit), in one engine run.
 
-// activityRefProjection is W4P's projection: activity plus the reference.
-const activityRefProjection = `
-[[projection]]
-name     = "activity_ref"
-version  = 1
-on_error = "dead_letter"
-
-  [[projection.rule]]
-  name  = "record"
-  on    = ["AccountOpened", "Deposited", "Withdrawn", "AccountClosed"]
-  op    = "insert"
-  table = "account_activity_ref"
-  set   = { event_id = "id", account_id = "data.account_id", type = "type", amount = "data?.amount ?? data?.initial ?? 0", reference = "data?.reference ?? ''", occurred_at = "occurred_at" }
-`
-
 // activityRefTable is W4P's read model.
 const activityRefTable = `
 CREATE TABLE IF NOT EXISTS account_activity_ref (
