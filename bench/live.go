@@ -29,7 +29,7 @@ func (b *bench) live(ctx context.Context) error {
 		return err
 	}
 	defer b.srv.drop(context.WithoutCancel(ctx), db)
-	step := time.Duration(max(o.w4Seconds*o.scale, 2) * float64(time.Second))
+	step := o.w4Step()
 	w := b.res.workload("W4", "live: paced producer, end-to-end latency (activity)",
 		fmt.Sprintf("%s per rate; %d producer connections each committing what is due every %s, over %s streams",
 			step, o.w4Producers, o.w4Tick, thousands(o.streams)), 0)
@@ -441,4 +441,10 @@ func (p *producer) append(ctx context.Context, k int, n int64) error {
 func uuid() string {
 	a, b := rand.Uint64(), rand.Uint64()
 	return fmt.Sprintf("%08x-%04x-4%03x-a%03x-%012x", a>>32, (a>>16)&0xffff, a&0xfff, b>>52, b&0xffffffffffff)
+}
+
+// w4Step is how long each W4 and W4P load step runs: -w4-seconds scaled,
+// at least 2s.
+func (o options) w4Step() time.Duration {
+	return time.Duration(max(o.w4Seconds*o.scale, 2) * float64(time.Second))
 }

@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"fmt"
-	"time"
 )
 
 // W4P is W4's live latency with poison: the activity log written with each
@@ -33,7 +32,7 @@ func (b *bench) livePoison(ctx context.Context) error {
 		return err
 	}
 	defer b.srv.drop(context.WithoutCancel(ctx), db)
-	step := time.Duration(max(o.w4Seconds*o.scale, 2) * float64(time.Second))
+	step := o.w4Step()
 	w := b.res.workload("W4P", "live with poison: W4 at 1k events/s, clean and with 0.1% commit-time poison",
 		fmt.Sprintf("%s per step; activity with each event's reference in a varchar(40) column; %d producer connections over %s streams",
 			step, o.w4Producers, thousands(o.streams)), 0)
