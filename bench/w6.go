@@ -60,12 +60,7 @@ WHERE type = 'AccountOpened'
   AND NOT EXISTS (SELECT 1 FROM events c WHERE c.stream_id = o.stream_id AND c.type = 'AccountClosed')`},
 	{projection: "w6", table: "w6_balances", ceiling: `
 INSERT INTO %[1]s (account_id, owner, balance, closed, last_ref)
-SELECT data->>'account_id',
-  max(data->>'owner') FILTER (WHERE type = 'AccountOpened'),
-  sum(CASE type WHEN 'AccountOpened' THEN (data->>'initial')::bigint
-                WHEN 'Deposited' THEN (data->>'amount')::bigint
-                WHEN 'Withdrawn' THEN -(data->>'amount')::bigint ELSE 0 END),
-  coalesce(bool_or(type = 'AccountClosed'), false),
+SELECT ` + balanceColumns + `,
   (array_agg(data->>'reference' ORDER BY position DESC) FILTER (WHERE type IN ('Deposited', 'Withdrawn')))[1]
 FROM events
 WHERE NOT ` + w6Bad + `
