@@ -157,7 +157,7 @@ func retireSchema(ctx context.Context, q event.Querier, cfg *config.Config, sche
 // in it (a served view left pointing at it): what DROP SCHEMA … CASCADE
 // would silently take with it.
 func dependentsOutside(ctx context.Context, q event.Querier, schema string) ([]string, error) {
-	rows, err := q.Query(ctx, `SELECT DISTINCT v.oid::regclass::text FROM pg_depend d
+	deps, err := queryStrings(ctx, q, `SELECT DISTINCT v.oid::regclass::text FROM pg_depend d
 JOIN pg_rewrite rw ON rw.oid = d.objid
 JOIN pg_class v ON v.oid = rw.ev_class
 JOIN pg_class t ON t.oid = d.refobjid
@@ -165,10 +165,6 @@ WHERE d.classid = 'pg_rewrite'::regclass AND d.refclassid = 'pg_class'::regclass
   AND t.relnamespace = (SELECT oid FROM pg_namespace WHERE nspname = $1)
   AND v.relnamespace <> t.relnamespace
 ORDER BY 1`, schema)
-	if err != nil {
-		return nil, fmt.Errorf("find dependents of schema %s: %w", schema, err)
-	}
-	deps, err := pgx.CollectRows(rows, pgx.RowTo[string])
 	if err != nil {
 		return nil, fmt.Errorf("find dependents of schema %s: %w", schema, err)
 	}

@@ -69,13 +69,9 @@ func newScratch(ctx context.Context, conn *pgx.Conn, prefix string, tables []str
 // advance the live table's sequence. (Identity columns already get new
 // sequences from INCLUDING ALL.)
 func (s *scratch) ownSequences(ctx context.Context, conn *pgx.Conn, t string) error {
-	rows, err := conn.Query(ctx, `SELECT a.attname FROM pg_attrdef d
+	cols, err := queryStrings(ctx, conn, `SELECT a.attname FROM pg_attrdef d
 JOIN pg_attribute a ON a.attrelid = d.adrelid AND a.attnum = d.adnum
 WHERE d.adrelid = $1::regclass AND pg_get_expr(d.adbin, d.adrelid) LIKE 'nextval(%'`, s.ident(t))
-	if err != nil {
-		return fmt.Errorf("read defaults of %s: %w", t, err)
-	}
-	cols, err := pgx.CollectRows(rows, pgx.RowTo[string])
 	if err != nil {
 		return fmt.Errorf("read defaults of %s: %w", t, err)
 	}

@@ -606,13 +606,18 @@ func formatRow(cols []string, row map[string]any) string {
 	return "{ " + strings.Join(parts, ", ") + " }"
 }
 
+// queryStrings runs a query of one text column and returns its values.
+func queryStrings(ctx context.Context, q event.Querier, sql string, args ...any) ([]string, error) {
+	rows, err := q.Query(ctx, sql, args...)
+	if err != nil {
+		return nil, err
+	}
+	return pgx.CollectRows(rows, pgx.RowTo[string])
+}
+
 // columnNames lists a table's columns.
 func columnNames(ctx context.Context, conn *pgx.Conn, ident string) ([]string, error) {
-	rows, err := conn.Query(ctx, `SELECT attname FROM pg_attribute WHERE attrelid = $1::regclass AND attnum > 0 AND NOT attisdropped ORDER BY attnum`, ident)
-	if err != nil {
-		return nil, fmt.Errorf("read columns of %s: %w", ident, err)
-	}
-	names, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	names, err := queryStrings(ctx, conn, `SELECT attname FROM pg_attribute WHERE attrelid = $1::regclass AND attnum > 0 AND NOT attisdropped ORDER BY attnum`, ident)
 	if err != nil {
 		return nil, fmt.Errorf("read columns of %s: %w", ident, err)
 	}

@@ -358,13 +358,9 @@ func writtenColumns(spec rules.Spec, prog *rules.Program, t string) []string {
 // the rules write all of it (compared; nil: any), else the key every rule
 // writing t uses; nil when neither exists.
 func tableKey(ctx context.Context, conn *pgx.Conn, t string, prog *rules.Program, compared []string) ([]string, error) {
-	rows, err := conn.Query(ctx, `SELECT a.attname FROM pg_index i
+	pk, err := queryStrings(ctx, conn, `SELECT a.attname FROM pg_index i
 JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = ANY(i.indkey)
 WHERE i.indrelid = $1::regclass AND i.indisprimary ORDER BY a.attname`, event.Table(t).Quoted())
-	if err != nil {
-		return nil, fmt.Errorf("read primary key of %s: %w", t, err)
-	}
-	pk, err := pgx.CollectRows(rows, pgx.RowTo[string])
 	if err != nil {
 		return nil, fmt.Errorf("read primary key of %s: %w", t, err)
 	}
