@@ -27,16 +27,10 @@ const w4Poison = 0.001
 func (b *bench) livePoison(ctx context.Context) error {
 	o := b.opts
 	targets := []target{{projection: "activity_ref", version: 1}}
-	db, cfg, err := b.setup(ctx, "W4P", targets)
-	if err != nil {
-		return err
-	}
-	defer b.srv.drop(context.WithoutCancel(ctx), db)
-	step := o.w4Step()
 	w := b.res.workload("W4P", "live with poison: W4 at 1k events/s, clean and with 0.1% commit-time poison",
 		fmt.Sprintf("%s per step; activity with each event's reference in a varchar(40) column; %d producer connections over %s streams",
-			step, o.w4Producers, thousands(o.streams)), 0)
-	lv, err := b.startLive(ctx, db, cfg, "w4p-engine.log", targets, step)
+			o.w4Step(), o.w4Producers, thousands(o.streams)), 0)
+	lv, err := b.startLive(ctx, "W4P", targets)
 	if err != nil {
 		return err
 	}
