@@ -60,8 +60,10 @@ func openTarget(ctx context.Context, cfg *config.Config) (*pgx.Conn, error) {
 	return conn, nil
 }
 
-// deadLetterJSON is a dead letter as -json prints it.
-type deadLetterJSON struct {
+// DeadLetterJSON is one line of `deadletters list -json`: a dead letter as
+// scripts read it. Its field names are a contract (integration/cli_test.go
+// checks them).
+type DeadLetterJSON struct {
 	ID             int64           `json:"id"`
 	Projection     string          `json:"projection"`
 	Version        int64           `json:"version"`
@@ -81,7 +83,7 @@ type deadLetterJSON struct {
 func writeDeadLettersJSON(w io.Writer, rows []deadletter.Row) error {
 	enc := json.NewEncoder(w)
 	for _, r := range rows {
-		j := deadLetterJSON{
+		j := DeadLetterJSON{
 			ID: r.ID, Projection: r.Projection, Version: r.Version, Position: r.Position,
 			EventID: r.EventID, StreamID: r.StreamID, StreamPosition: r.StreamPosition, EventType: r.EventType,
 			ErrorKind: r.ErrorKind, ErrorMessage: r.ErrorMessage,

@@ -345,27 +345,38 @@ func (d *fixtureDecoder) event(i int, m map[string]any, streamPos map[string]int
 func (d *fixtureDecoder) intent(p []string, m map[string]any) event.Intent {
 	d.known(p, m, "rule", "op", "table", "key", "set", "inc", "sql", "args")
 	in := event.Intent{Rule: d.str(p, m, "rule", false), Op: event.Op(d.str(p, m, "op", true)), Table: d.str(p, m, "table", false)}
-	switch in.Op {
-	case event.OpInsert, event.OpUpsert, event.OpUpdate, event.OpDelete:
-		if in.Table == "" {
-			d.fail(sub(p, "table"), "is required with op = %q", in.Op)
-		}
-	case event.OpSQL:
-		in.SQL = d.str(p, m, "sql", true)
+	spec, known := in.Op.Spec()
+	switch {
+	case in.Op == "":
+	case !known || !spec.Intent():
+		d.fail(sub(p, "op"), "must be %s", intentOps)
+	case spec.Kind == event.KindStatement:
+		in.SQL = d.str(p, m, "sql", spec.SQL == event.Required)
 		if a, ok := m["args"].([]any); ok {
 			in.Args = a
 		} else if _, ok := m["args"]; ok {
 			d.fail(sub(p, "args"), "must be an array")
 		}
-	case "":
-	default:
-		d.fail(sub(p, "op"), "must be insert, upsert, update, delete or sql")
+	case spec.Table == event.Required && in.Table == "":
+		d.fail(sub(p, "table"), "is required with op = %q", in.Op)
 	}
 	in.Key = columns(d.table(p, m, "key"))
 	in.Set = columns(d.table(p, m, "set"))
 	in.Inc = columns(d.table(p, m, "inc"))
 	return in
 }
+
+// intentOps lists the ops an expected intent may have, from the op table:
+// "insert, upsert, update, delete or sql".
+var intentOps = func() string {
+	var names []string
+	for _, o := range event.Ops {
+		if o.Intent() {
+			names = append(names, string(o.Op))
+		}
+	}
+	return strings.Join(names[:len(names)-1], ", ") + " or " + names[len(names)-1]
+}()
 
 // columns lists a table's entries sorted by name, the order of intents.
 func columns(m map[string]any) []event.Column {

@@ -351,13 +351,9 @@ WHERE n.nspname = $1 AND c.relname = $2`, schema, name).Scan(&kind, &oid)
 // of this projection created (their comment says so) for tables this
 // version does not have.
 func (pr *promotion) staleViews(ctx context.Context, tx pgx.Tx) ([]string, error) {
-	rows, err := tx.Query(ctx, `SELECT c.relname::text FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+	names, err := queryStrings(ctx, tx, `SELECT c.relname::text FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
 WHERE n.nspname = $1 AND c.relkind = 'v' AND starts_with(coalesce(obj_description(c.oid, 'pg_class'), ''), $2)
   AND NOT (c.relname = ANY($3)) ORDER BY 1`, pr.spec.Serve, servedPrefix(pr.spec.Name), pr.tables)
-	if err != nil {
-		return nil, fmt.Errorf("find served views: %w", err)
-	}
-	names, err := pgx.CollectRows(rows, pgx.RowTo[string])
 	if err != nil {
 		return nil, fmt.Errorf("find served views: %w", err)
 	}

@@ -83,18 +83,11 @@ func Reset(ctx context.Context, cfg *config.Config, o ResetOptions, w io.Writer)
 	defer c.close(ctx)
 	schema := cfg.Engine.Schema
 
-	held, err := takeVersion(ctx, cfg, c, "reset", o.Projection, o.Version, o.Yes)
-	if err != nil {
-		return err
-	}
+	held, plan, err := lockAndPlan(ctx, cfg, c, "reset", o.Projection, o.Version, o.Yes)
 	if held != nil {
 		defer held.Release(ctx)
 	}
-
-	spec := rules.Spec{Name: o.Projection, Version: o.Version}
-	plan := resetPlan{name: o.Projection, version: o.Version, slot: cfg.SlotName(spec),
-		configured: slices.ContainsFunc(cfg.Projections, func(s rules.Spec) bool { return s.Name == o.Projection && s.Version == o.Version })}
-	if err := plan.load(ctx, c, schema); err != nil {
+	if err != nil {
 		return err
 	}
 	if plan.empty(o.DeadLetters) {
@@ -108,26 +101,7 @@ func Reset(ctx context.Context, cfg *config.Config, o ResetOptions, w io.Writer)
 		return fmt.Errorf("reset %s v%d: %w", o.Projection, o.Version, ErrNotConfirmed)
 	}
 
-	store := cursor.New(schema, o.Projection, o.Version)
-	err = pgx.BeginFunc(ctx, c.target, func(tx pgx.Tx) error {
-		if err := held.Check(ctx, tx); err != nil {
-			return err
-		}
-		if err := store.Reset(ctx, tx); err != nil {
-			return err
-		}
-		// Held events (on_error = "park") are accounted for by the cursors
-		// just deleted: the rebuild reads them again.
-		if _, err := deadletter.DeleteParked(ctx, tx, schema, o.Projection, o.Version); err != nil {
-			return err
-		}
-		if o.DeadLetters {
-			n, err := deadletter.Delete(ctx, tx, schema, o.Projection, o.Version)
-			plan.dead = n
-			return err
-		}
-		return nil
-	})
+	err = pgx.BeginFunc(ctx, c.target, func(tx pgx.Tx) error { return plan.clear(ctx, tx, held, schema, o.DeadLetters) })
 	if err != nil {
 		return fmt.Errorf("reset %s v%d: %w", o.Projection, o.Version, err)
 	}
@@ -138,6 +112,43 @@ func Reset(ctx context.Context, cfg *config.Config, o ResetOptions, w io.Writer)
 	}
 	_, err = fmt.Fprint(w, plan.text(true, o.DeadLetters))
 	return err
+}
+
+// lockAndPlan takes the version's lock as takeVersion does and then reads
+// what exists of it. The lease it returns (with or without an error) is
+// the caller's to release.
+func lockAndPlan(ctx context.Context, cfg *config.Config, c *conns, command, projection string, version int64, take bool) (*leader.Lease, *resetPlan, error) {
+	held, err := takeVersion(ctx, cfg, c, command, projection, version, take)
+	if err != nil {
+		return held, nil, err
+	}
+	plan := &resetPlan{name: projection, version: version, slot: cfg.SlotName(rules.Spec{Name: projection, Version: version}),
+		configured: slices.ContainsFunc(cfg.Projections, func(s rules.Spec) bool { return s.Name == projection && s.Version == version })}
+	return held, plan, plan.load(ctx, c, cfg.Engine.Schema)
+}
+
+// clear deletes, in tx, the version's cursors and watermark and with
+// deadLetters its dead letters (counted in p.dead), after checking that
+// held (nil without a lock) is still the lease.
+func (p *resetPlan) clear(ctx context.Context, tx pgx.Tx, held *leader.Lease, schema string, deadLetters bool) error {
+	if err := held.Check(ctx, tx); err != nil {
+		return err
+	}
+	if err := cursor.New(schema, p.name, p.version).Reset(ctx, tx); err != nil {
+		return err
+	}
+	// Held events (on_error = "park") are accounted for by the cursors
+	// just deleted: a rebuild reads them again, a retired version needs
+	// them no more.
+	if _, err := deadletter.DeleteParked(ctx, tx, schema, p.name, p.version); err != nil {
+		return err
+	}
+	if deadLetters {
+		n, err := deadletter.Delete(ctx, tx, schema, p.name, p.version)
+		p.dead = n
+		return err
+	}
+	return nil
 }
 
 // takeVersion takes a projection version's advisory lock for command (a

@@ -12,8 +12,6 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/pgscribe/pgscribe/config"
-	"github.com/pgscribe/pgscribe/cursor"
-	"github.com/pgscribe/pgscribe/deadletter"
 	"github.com/pgscribe/pgscribe/event"
 	"github.com/pgscribe/pgscribe/replication"
 	"github.com/pgscribe/pgscribe/rules"
@@ -86,25 +84,15 @@ func Retire(ctx context.Context, cfg *config.Config, o RetireOptions, w io.Write
 		}
 	}
 
-	held, err := takeVersion(ctx, cfg, c, "retire", o.Projection, o.Version, true)
+	held, plan, err := lockAndPlan(ctx, cfg, c, "retire", o.Projection, o.Version, true)
+	if held != nil {
+		defer held.Release(ctx)
+	}
 	if err != nil {
 		return err
 	}
-	defer held.Release(ctx)
-
-	plan := resetPlan{name: o.Projection, version: o.Version, slot: cfg.SlotName(rules.Spec{Name: o.Projection, Version: o.Version})}
-	if err := plan.load(ctx, c, schema); err != nil {
-		return err
-	}
-	var dead int64
 	err = pgx.BeginFunc(ctx, c.target, func(tx pgx.Tx) error {
-		if err := held.Check(ctx, tx); err != nil {
-			return err
-		}
-		if err := cursor.New(schema, o.Projection, o.Version).Reset(ctx, tx); err != nil {
-			return err
-		}
-		if dead, err = deadletter.Delete(ctx, tx, schema, o.Projection, o.Version); err != nil {
+		if err := plan.clear(ctx, tx, held, schema, true); err != nil {
 			return err
 		}
 		if _, err := tx.Exec(ctx, "DELETE FROM "+pgx.Identifier{schema, "read_models"}.Sanitize()+
@@ -133,14 +121,14 @@ func Retire(ctx context.Context, cfg *config.Config, o RetireOptions, w io.Write
 	} else {
 		fmt.Fprintf(w, "  no replication slot %q to drop\n", plan.slot)
 	}
-	fmt.Fprintf(w, "  deleted %d stream cursors, the watermark, %d dead letters and the lease\n", plan.cursors.Streams, dead)
+	fmt.Fprintf(w, "  deleted %d stream cursors, the watermark, %d dead letters and the lease\n", plan.cursors.Streams, plan.dead)
 	switch {
 	case o.DropSchema:
 		fmt.Fprintf(w, "  dropped schema %s and its tables\n", versionSchema)
 	case versionSchema != "":
 		fmt.Fprintf(w, "  kept schema %s (-drop-schema drops it)\n", versionSchema)
 	}
-	if slices.ContainsFunc(cfg.Projections, func(s rules.Spec) bool { return s.Name == o.Projection && s.Version == o.Version }) {
+	if plan.configured {
 		fmt.Fprintf(w, "  it is still in %s: remove it, or the next pgscribe run builds it again\n", cfg.Path)
 	}
 	return nil
@@ -169,7 +157,7 @@ func retireSchema(ctx context.Context, q event.Querier, cfg *config.Config, sche
 // in it (a served view left pointing at it): what DROP SCHEMA … CASCADE
 // would silently take with it.
 func dependentsOutside(ctx context.Context, q event.Querier, schema string) ([]string, error) {
-	rows, err := q.Query(ctx, `SELECT DISTINCT v.oid::regclass::text FROM pg_depend d
+	deps, err := queryStrings(ctx, q, `SELECT DISTINCT v.oid::regclass::text FROM pg_depend d
 JOIN pg_rewrite rw ON rw.oid = d.objid
 JOIN pg_class v ON v.oid = rw.ev_class
 JOIN pg_class t ON t.oid = d.refobjid
@@ -177,10 +165,6 @@ WHERE d.classid = 'pg_rewrite'::regclass AND d.refclassid = 'pg_class'::regclass
   AND t.relnamespace = (SELECT oid FROM pg_namespace WHERE nspname = $1)
   AND v.relnamespace <> t.relnamespace
 ORDER BY 1`, schema)
-	if err != nil {
-		return nil, fmt.Errorf("find dependents of schema %s: %w", schema, err)
-	}
-	deps, err := pgx.CollectRows(rows, pgx.RowTo[string])
 	if err != nil {
 		return nil, fmt.Errorf("find dependents of schema %s: %w", schema, err)
 	}

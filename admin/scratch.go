@@ -35,8 +35,6 @@ type scratch struct {
 // schema: a qualified name cannot keep its dot.
 func scratchTableName(live string) string { return strings.ReplaceAll(live, ".", "__") }
 
-func quoteQualified(name string) string { return pgx.Identifier(strings.Split(name, ".")).Sanitize() }
-
 // newScratch creates the scratch schema named prefix plus a unique suffix,
 // with an engine schema and copies of tables. The caller drops it.
 func newScratch(ctx context.Context, conn *pgx.Conn, prefix string, tables []string) (*scratch, error) {
@@ -55,7 +53,7 @@ func newScratch(ctx context.Context, conn *pgx.Conn, prefix string, tables []str
 			}
 		}
 		if _, err := conn.Exec(ctx, fmt.Sprintf("CREATE TABLE %s (LIKE %s INCLUDING ALL)",
-			pgx.Identifier{s.schema, scratchTableName(t)}.Sanitize(), quoteQualified(t))); err != nil {
+			pgx.Identifier{s.schema, scratchTableName(t)}.Sanitize(), event.Table(t).Quoted())); err != nil {
 			return s, fmt.Errorf("copy table %s: %w", t, err)
 		}
 		if err := s.ownSequences(ctx, conn, t); err != nil {
@@ -71,13 +69,9 @@ func newScratch(ctx context.Context, conn *pgx.Conn, prefix string, tables []str
 // advance the live table's sequence. (Identity columns already get new
 // sequences from INCLUDING ALL.)
 func (s *scratch) ownSequences(ctx context.Context, conn *pgx.Conn, t string) error {
-	rows, err := conn.Query(ctx, `SELECT a.attname FROM pg_attrdef d
+	cols, err := queryStrings(ctx, conn, `SELECT a.attname FROM pg_attrdef d
 JOIN pg_attribute a ON a.attrelid = d.adrelid AND a.attnum = d.adnum
 WHERE d.adrelid = $1::regclass AND pg_get_expr(d.adbin, d.adrelid) LIKE 'nextval(%'`, s.ident(t))
-	if err != nil {
-		return fmt.Errorf("read defaults of %s: %w", t, err)
-	}
-	cols, err := pgx.CollectRows(rows, pgx.RowTo[string])
 	if err != nil {
 		return fmt.Errorf("read defaults of %s: %w", t, err)
 	}

@@ -413,12 +413,8 @@ func Status(ctx context.Context, cfg *config.Config) (*StatusReport, error) {
 // unconfiguredSlots finds the source database's slots that parseSlotName
 // recognises but that are not among configured.
 func unconfiguredSlots(ctx context.Context, q event.Querier, wal, prefix string, configured []string) ([]UnconfiguredSlot, error) {
-	rows, err := q.Query(ctx, `SELECT slot_name::text FROM pg_replication_slots
+	names, err := queryStrings(ctx, q, `SELECT slot_name::text FROM pg_replication_slots
 WHERE database = current_database() AND NOT (slot_name = ANY($1)) ORDER BY slot_name`, configured)
-	if err != nil {
-		return nil, fmt.Errorf("read replication slots: %w", err)
-	}
-	names, err := pgx.CollectRows(rows, pgx.RowTo[string])
 	if err != nil {
 		return nil, fmt.Errorf("read replication slots: %w", err)
 	}

@@ -571,11 +571,7 @@ func tableDiff(ctx context.Context, conn *pgx.Conn, s *scratch, f *Fixture, t Fi
 	if err != nil {
 		return "", fmt.Errorf("encode rows of %s: %w", t.Name, err)
 	}
-	list := make([]string, len(cols))
-	for i, c := range cols {
-		list[i] = pgx.Identifier{c}.Sanitize()
-	}
-	sel := strings.Join(list, ", ")
+	sel := quoteColumns(cols)
 	q := fmt.Sprintf(`WITH want AS (SELECT %[1]s FROM jsonb_populate_recordset(NULL::%[2]s, $1::jsonb)),
 got AS (SELECT %[1]s FROM %[2]s)
 SELECT 'missing', to_jsonb(m) FROM (SELECT * FROM want EXCEPT ALL SELECT * FROM got) m
@@ -610,13 +606,18 @@ func formatRow(cols []string, row map[string]any) string {
 	return "{ " + strings.Join(parts, ", ") + " }"
 }
 
+// queryStrings runs a query of one text column and returns its values.
+func queryStrings(ctx context.Context, q event.Querier, sql string, args ...any) ([]string, error) {
+	rows, err := q.Query(ctx, sql, args...)
+	if err != nil {
+		return nil, err
+	}
+	return pgx.CollectRows(rows, pgx.RowTo[string])
+}
+
 // columnNames lists a table's columns.
 func columnNames(ctx context.Context, conn *pgx.Conn, ident string) ([]string, error) {
-	rows, err := conn.Query(ctx, `SELECT attname FROM pg_attribute WHERE attrelid = $1::regclass AND attnum > 0 AND NOT attisdropped ORDER BY attnum`, ident)
-	if err != nil {
-		return nil, fmt.Errorf("read columns of %s: %w", ident, err)
-	}
-	names, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	names, err := queryStrings(ctx, conn, `SELECT attname FROM pg_attribute WHERE attrelid = $1::regclass AND attnum > 0 AND NOT attisdropped ORDER BY attnum`, ident)
 	if err != nil {
 		return nil, fmt.Errorf("read columns of %s: %w", ident, err)
 	}

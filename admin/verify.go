@@ -256,7 +256,7 @@ func snapshotLive(ctx context.Context, conn *pgx.Conn, cfg *config.Config, s *sc
 		return nil, fmt.Errorf("snapshot dead letters: %w", err)
 	}
 	for _, t := range tables {
-		if _, err := tx.Exec(ctx, fmt.Sprintf("CREATE UNLOGGED TABLE %s AS SELECT * FROM %s", s.liveIdent(t), quoteQualified(t))); err != nil {
+		if _, err := tx.Exec(ctx, fmt.Sprintf("CREATE UNLOGGED TABLE %s AS SELECT * FROM %s", s.liveIdent(t), event.Table(t).Quoted())); err != nil {
 			return nil, fmt.Errorf("snapshot table %s: %w", t, err)
 		}
 	}
@@ -296,7 +296,7 @@ func readEvents(ctx context.Context, conn *pgx.Conn, src config.Source, cursors 
 	// without time zone is taken as UTC, whatever the session's TimeZone).
 	q := fmt.Sprintf(`SELECT %s::bigint, %s::text, %s::text, %s::bigint, %s, %s::text, %s::text, %s FROM %s`,
 		id(c.Position), id(c.ID), id(c.StreamID), id(c.StreamPosition), id(c.Type), id(c.Data), id(c.Metadata), id(c.OccurredAt),
-		quoteQualified(src.Table))
+		event.Table(src.Table).Quoted())
 	var args []any
 	if len(streams) > 0 {
 		q += fmt.Sprintf(" WHERE %s::text = ANY($1)", id(c.StreamID))
@@ -368,13 +368,9 @@ func writtenColumns(spec rules.Spec, prog *rules.Program, t string) []string {
 // the rules write all of it (compared; nil: any), else the key every rule
 // writing t uses; nil when neither exists.
 func tableKey(ctx context.Context, conn *pgx.Conn, t string, prog *rules.Program, compared []string) ([]string, error) {
-	rows, err := conn.Query(ctx, `SELECT a.attname FROM pg_index i
+	pk, err := queryStrings(ctx, conn, `SELECT a.attname FROM pg_index i
 JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = ANY(i.indkey)
-WHERE i.indrelid = $1::regclass AND i.indisprimary ORDER BY a.attname`, quoteQualified(t))
-	if err != nil {
-		return nil, fmt.Errorf("read primary key of %s: %w", t, err)
-	}
-	pk, err := pgx.CollectRows(rows, pgx.RowTo[string])
+WHERE i.indrelid = $1::regclass AND i.indisprimary ORDER BY a.attname`, event.Table(t).Quoted())
 	if err != nil {
 		return nil, fmt.Errorf("read primary key of %s: %w", t, err)
 	}
@@ -430,9 +426,11 @@ func newWriters(keys map[string][]string) *writers {
 }
 
 // commutes reports whether an intent's effect on its row is independent of
-// the order of other streams' writes: an update or upsert that only adds.
+// the order of other streams' writes: one that only adds (an update or
+// upsert with inc and no set; the op table's IncAdds).
 func commutes(in event.Intent) bool {
-	return (in.Op == event.OpUpdate || in.Op == event.OpUpsert) && len(in.Set) == 0 && len(in.Inc) > 0
+	spec, _ := in.Op.Spec()
+	return spec.IncAdds && len(in.Set) == 0 && len(in.Inc) > 0
 }
 
 func (w *writers) see(ev *event.Event, intents []event.Intent) {

@@ -25,27 +25,55 @@ type opSQL struct {
 	// onConflict: the statement names the key columns in ON CONFLICT,
 	// which needs a unique index or constraint on exactly them.
 	onConflict bool
+	// stores is which of an intent's columns the statement stores in the
+	// table, whose values must fit their bounded columns (inc values are
+	// numbers and are left out). Every op gives one; none for the ops that
+	// store nothing of ours.
+	stores stores
+}
+
+// stores names the intent columns a statement stores. The zero value is
+// no answer, so that an op that forgets it fails TestEveryOpHasSQL.
+type stores int8
+
+const (
+	_ stores = iota
+	storesNone
+	storesKeySet // the key and set columns
+	storesSet    // the set columns; the key is compared, not stored
+)
+
+// storedColumns lists in's column groups whose values the op's statement
+// stores; nil when it stores none.
+func storedColumns(in *event.Intent) [][]event.Column {
+	switch opSQLs[in.Op].stores {
+	case storesKeySet:
+		return [][]event.Column{in.Key, in.Set}
+	case storesSet:
+		return [][]event.Column{in.Set}
+	}
+	return nil
 }
 
 var opSQLs = map[event.Op]opSQL{
-	event.OpInsert: {build: buildInsert, privileges: func(key, set, inc []string) []Privilege {
+	event.OpInsert: {build: buildInsert, stores: storesKeySet, privileges: func(key, set, inc []string) []Privilege {
 		return []Privilege{{"INSERT", slices.Concat(key, set, inc)}}
 	}},
-	event.OpUpsert: {build: buildUpsert, onConflict: true, privileges: func(key, set, inc []string) []Privilege {
+	event.OpUpsert: {build: buildUpsert, onConflict: true, stores: storesKeySet, privileges: func(key, set, inc []string) []Privilege {
 		ps := []Privilege{{"INSERT", slices.Concat(key, set, inc)}}
 		if len(set)+len(inc) > 0 { // a key-only upsert does nothing on conflict
 			ps = append(ps, Privilege{"UPDATE", slices.Concat(set, inc)})
 		}
 		return append(ps, Privilege{"SELECT", slices.Concat(key, inc)})
 	}},
-	event.OpUpdate: {build: buildUpdate, privileges: func(key, set, inc []string) []Privilege {
+	event.OpUpdate: {build: buildUpdate, stores: storesSet, privileges: func(key, set, inc []string) []Privilege {
 		return []Privilege{{"UPDATE", slices.Concat(set, inc)}, {"SELECT", slices.Concat(key, inc)}}
 	}},
-	event.OpDelete: {build: buildDelete, privileges: func(key, _, _ []string) []Privilege {
+	event.OpDelete: {build: buildDelete, stores: storesNone, privileges: func(key, _, _ []string) []Privilege {
 		return []Privilege{{"DELETE", nil}, {"SELECT", key}}
 	}},
-	event.OpSQL:  {},
-	event.OpFail: {},
+	event.OpSQL:  {stores: storesNone}, // the rule's own statement: PostgreSQL checks it
+	event.OpFail: {stores: storesNone},
 }
 
 // Privilege is a privilege a rule's statement needs on its table: on the

@@ -4,10 +4,10 @@ import (
 	"context"
 	"fmt"
 	"strings"
-	"sync"
 	"unicode/utf8"
 
 	"github.com/jackc/pgerrcode"
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/pgscribe/pgscribe/event"
@@ -39,45 +39,29 @@ type bound struct {
 type lengths map[string]bound
 
 // limits caches the bounded columns per table. Safe for concurrent use.
-type limits struct {
-	mu     sync.RWMutex
-	tables map[string]lengths
-}
+type limits struct{ tableCache[lengths] }
 
-func newLimits() *limits { return &limits{tables: map[string]lengths{}} }
+func newLimits() *limits { return &limits{newTableCache[lengths]()} }
 
 // of returns the bounded columns of table, reading the catalog once.
 func (l *limits) of(ctx context.Context, q queryer, table string) (lengths, error) {
-	l.mu.RLock()
-	t, ok := l.tables[table]
-	l.mu.RUnlock()
-	if ok {
-		return t, nil
-	}
-	// atttypmod of varchar(n) and char(n) is n + 4 (VARHDRSZ); -1 when
-	// unbounded. Domains are left to PostgreSQL.
-	rows, err := q.Query(ctx, `SELECT a.attname, a.atttypmod - 4, format_type(a.atttypid, a.atttypmod) FROM pg_attribute a
+	return l.get(table, func() (lengths, error) {
+		// atttypmod of varchar(n) and char(n) is n + 4 (VARHDRSZ); -1 when
+		// unbounded. Domains are left to PostgreSQL.
+		rows, err := q.Query(ctx, `SELECT a.attname, a.atttypmod - 4, format_type(a.atttypid, a.atttypmod) FROM pg_attribute a
 		WHERE a.attrelid = $1::regclass AND a.attnum > 0 AND NOT a.attisdropped
 		  AND a.atttypid IN ('varchar'::regtype, 'bpchar'::regtype) AND a.atttypmod > 4`, quoteTable(table))
-	if err != nil {
-		return nil, fmt.Errorf("read column lengths of %s: %w", table, err)
-	}
-	t = lengths{}
-	for rows.Next() {
+		if err != nil {
+			return nil, fmt.Errorf("read column lengths of %s: %w", table, err)
+		}
+		t := lengths{}
 		var name string
 		var b bound
-		if err := rows.Scan(&name, &b.n, &b.typ); err != nil {
-			return nil, err
+		if _, err := pgx.ForEachRow(rows, []any{&name, &b.n, &b.typ}, func() error { t[name] = b; return nil }); err != nil {
+			return nil, fmt.Errorf("read column lengths of %s: %w", table, err)
 		}
-		t[name] = b
-	}
-	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("read column lengths of %s: %w", table, err)
-	}
-	l.mu.Lock()
-	l.tables[table] = t
-	l.mu.Unlock()
-	return t, nil
+		return t, nil
+	})
 }
 
 // precheck marks the events of plan whose writes PostgreSQL would refuse
@@ -112,7 +96,7 @@ func (c *Committer) eachTooLong(ctx context.Context, q queryer, plan []planned, 
 		}
 		for j := range p.intents {
 			in := &p.intents[j]
-			if in.Op != event.OpInsert && in.Op != event.OpUpsert && in.Op != event.OpUpdate {
+			if storedColumns(in) == nil {
 				continue
 			}
 			lim, err := c.limits.of(ctx, q, in.Table)
@@ -131,23 +115,10 @@ func (c *Committer) eachTooLong(ctx context.Context, q queryer, plan []planned, 
 	return nil
 }
 
-// forget drops the cached lengths of tables.
-func (l *limits) forget(tables map[string]bool) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	for t := range tables {
-		delete(l.tables, t)
-	}
-}
-
 // tooLong returns the error PostgreSQL raises for the first value of in
 // that does not fit its bounded column, or nil.
 func tooLong(in *event.Intent, lim lengths) error {
-	stored := [][]event.Column{in.Key, in.Set}
-	if in.Op == event.OpUpdate {
-		stored = stored[1:] // an update's key is compared, not stored
-	}
-	for _, cols := range stored {
+	for _, cols := range storedColumns(in) {
 		for _, col := range cols {
 			b, ok := lim[col.Name]
 			if !ok {

@@ -27,12 +27,9 @@ type columnTypes map[string]string
 
 // catalog caches column types per table for a Committer. Safe for
 // concurrent use.
-type catalog struct {
-	mu     sync.RWMutex
-	tables map[string]columnTypes
-}
+type catalog struct{ tableCache[columnTypes] }
 
-func newCatalog() *catalog { return &catalog{tables: map[string]columnTypes{}} }
+func newCatalog() *catalog { return &catalog{newTableCache[columnTypes]()} }
 
 type queryer interface {
 	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
@@ -41,32 +38,19 @@ type queryer interface {
 // types returns the column types of table, reading the catalog once. A
 // missing table fails with PostgreSQL's own 42P01.
 func (c *catalog) types(ctx context.Context, q queryer, table string) (columnTypes, error) {
-	c.mu.RLock()
-	t, ok := c.tables[table]
-	c.mu.RUnlock()
-	if ok {
-		return t, nil
-	}
-	rows, err := q.Query(ctx, `SELECT attname, format_type(atttypid, NULL) FROM pg_attribute
+	return c.get(table, func() (columnTypes, error) {
+		rows, err := q.Query(ctx, `SELECT attname, format_type(atttypid, NULL) FROM pg_attribute
 		WHERE attrelid = $1::regclass AND attnum > 0 AND NOT attisdropped`, quoteTable(table))
-	if err != nil {
-		return nil, fmt.Errorf("read columns of %s: %w", table, err)
-	}
-	t = columnTypes{}
-	for rows.Next() {
-		var name, typ string
-		if err := rows.Scan(&name, &typ); err != nil {
-			return nil, err
+		if err != nil {
+			return nil, fmt.Errorf("read columns of %s: %w", table, err)
 		}
-		t[name] = typ
-	}
-	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("read columns of %s: %w", table, err)
-	}
-	c.mu.Lock()
-	c.tables[table] = t
-	c.mu.Unlock()
-	return t, nil
+		t := columnTypes{}
+		var name, typ string
+		if _, err := pgx.ForEachRow(rows, []any{&name, &typ}, func() error { t[name] = typ; return nil }); err != nil {
+			return nil, fmt.Errorf("read columns of %s: %w", table, err)
+		}
+		return t, nil
+	})
 }
 
 // statements renders and caches the SQL text per shape, so pgx's

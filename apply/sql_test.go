@@ -2,6 +2,7 @@ package apply
 
 import (
 	"reflect"
+	"strings"
 	"testing"
 	"time"
 
@@ -98,6 +99,25 @@ func TestEveryOpHasSQL(t *testing.T) {
 		}
 		if row && len(Privileges(op.Op, []string{"k"}, []string{"s"}, nil)) == 0 {
 			t.Errorf("op %q needs no privilege", op.Op)
+		}
+		if o.stores == 0 {
+			t.Errorf("op %q does not say which columns its statement stores", op.Op)
+		}
+		if !row && o.stores != storesNone {
+			t.Errorf("op %q (kind %d) stores columns but writes no rows of its own", op.Op, op.Kind)
+		}
+		// IncAdds must say what the statement does with inc: add it to
+		// the stored value (verify then reads inc-only writes as commuting).
+		if row && op.Write != event.Forbidden {
+			in := event.Intent{Op: op.Op, Table: "t", Key: []event.Column{col("k", 1)}, Inc: []event.Column{col("n", 1)}}
+			q, err := buildGroupSQL(&in, columnTypes{}, false)
+			if err != nil {
+				t.Errorf("op %q: render an inc write: %v", op.Op, err)
+			} else if adds := strings.Contains(q, alias+`."n" +`); adds != op.IncAdds {
+				t.Errorf("op %q: IncAdds is %v, but its statement adds inc to the stored value: %v\n%s", op.Op, op.IncAdds, adds, q)
+			}
+		} else if op.IncAdds {
+			t.Errorf("op %q has IncAdds but no inc", op.Op)
 		}
 	}
 	if len(opSQLs) != len(event.Ops) {

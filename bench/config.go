@@ -1,6 +1,7 @@
 package main
 
 import (
+	_ "embed"
 	"fmt"
 	"maps"
 	"os"
@@ -26,25 +27,13 @@ var (
 	listenLine      = regexp.MustCompile(`(?m)^listen[ \t]*=.*$`)
 )
 
-// statsProjection is the third projection of W3, written for the bench: a
-// per-account summary kept with an upsert that both sets and increments.
-const statsProjection = `
-[[projection]]
-name     = "account_stats"
-version  = 1
-on_error = "dead_letter"
+// benchProjections are the projections the bench adds to the example's:
+// account_stats (W3), w6 (W6) and activity_ref (W4P).
+//
+//go:embed projections.toml
+var benchProjections string
 
-  [[projection.rule]]
-  name  = "count"
-  on    = ["AccountOpened", "Deposited", "Withdrawn", "AccountClosed"]
-  op    = "upsert"
-  table = "account_stats"
-  key   = { account_id = "data.account_id" }
-  set   = { last_type = "type", last_event_at = "occurred_at" }
-  inc   = { events = "1", deposited = "type == 'Deposited' ? data.amount : 0", withdrawn = "type == 'Withdrawn' ? data.amount : 0" }
-`
-
-// statsTable is the read model of statsProjection.
+// statsTable is the read model of account_stats.
 const statsTable = `
 CREATE TABLE IF NOT EXISTS account_stats (
   account_id    text        PRIMARY KEY,
@@ -60,7 +49,7 @@ func loadTemplate(path string) (*configTemplate, error) {
 	if err != nil {
 		return nil, err
 	}
-	src := string(b) + statsProjection + w6Projection + activityRefProjection
+	src := string(b) + "\n" + benchProjections
 	starts := projectionStart.FindAllStringIndex(src, -1)
 	if len(starts) == 0 {
 		return nil, fmt.Errorf("%s: no [[projection]] block", path)

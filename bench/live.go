@@ -24,22 +24,17 @@ import (
 func (b *bench) live(ctx context.Context) error {
 	o := b.opts
 	targets := targetsOf([]model{activityModel}, 1)
-	db, cfg, err := b.setup(ctx, "W4", targets)
-	if err != nil {
-		return err
-	}
-	defer b.srv.drop(context.WithoutCancel(ctx), db)
-	step := time.Duration(max(o.w4Seconds*o.scale, 2) * float64(time.Second))
+	step := o.w4Step()
 	w := b.res.workload("W4", "live: paced producer, end-to-end latency (activity)",
 		fmt.Sprintf("%s per rate; %d producer connections each committing what is due every %s, over %s streams",
 			step, o.w4Producers, o.w4Tick, thousands(o.streams)), 0)
 
-	lv, err := b.startLive(ctx, db, cfg, "w4-engine.log", targets, step)
+	lv, err := b.startLive(ctx, "W4", targets)
 	if err != nil {
 		return err
 	}
 	defer lv.close(ctx)
-	p, prod := lv.p, lv.prod
+	db, cfg, p, prod := lv.db, lv.cfg, lv.p, lv.prod
 	for _, rate := range o.w4Rates {
 		row, err := b.liveStep(ctx, lv, rate, nil)
 		if err != nil {
@@ -74,16 +69,21 @@ func (b *bench) live(ctx context.Context) error {
 	return err
 }
 
-// startLive starts the engine on cfg, waits until it is live, and warms
-// it up with a producer (connections, prepared statements, caches).
-func (b *bench) startLive(ctx context.Context, db *database, cfg, logName string, targets []target, step time.Duration) (*liveRun, error) {
+// startLive sets up workload id's database and configuration, starts the
+// engine on it, waits until it is live, and warms it up with a producer
+// (connections, prepared statements, caches). Its close drops the database.
+func (b *bench) startLive(ctx context.Context, id string, targets []target) (*liveRun, error) {
 	o := b.opts
-	p, err := startBinary(o.bin, cfg, filepath.Join(o.rawDir, logName))
+	db, cfg, err := b.setup(ctx, id, targets)
 	if err != nil {
 		return nil, err
 	}
-	lv := &liveRun{db: db, p: p, targets: targets, step: step}
+	lv := &liveRun{b: b, db: db, cfg: cfg, targets: targets, step: o.w4Step()}
 	fail := func(err error) (*liveRun, error) { lv.close(ctx); return nil, err }
+	if lv.p, err = startBinary(o.bin, cfg, filepath.Join(o.rawDir, strings.ToLower(id)+"-engine.log")); err != nil {
+		return fail(err)
+	}
+	p := lv.p
 	if err := b.waitLive(ctx, db, p, targets); err != nil {
 		return fail(err)
 	}
@@ -102,18 +102,24 @@ func (b *bench) startLive(ctx context.Context, db *database, cfg, logName string
 	return lv, nil
 }
 
-// close stops the producer and the engine (if still running).
+// close stops the producer and the engine (if still running) and drops
+// the database.
 func (lv *liveRun) close(ctx context.Context) {
 	if lv.prod != nil {
 		lv.prod.close(context.WithoutCancel(ctx))
 	}
-	_ = lv.p.stop()
+	if lv.p != nil {
+		_ = lv.p.stop()
+	}
+	lv.b.srv.drop(context.WithoutCancel(ctx), lv.db)
 }
 
 // liveRun is what W4's steps share: the engine, the producer, and the
 // events appended so far.
 type liveRun struct {
+	b       *bench
 	db      *database
+	cfg     string // the engine's configuration file
 	p       *engineProc
 	prod    *producer
 	targets []target
@@ -441,4 +447,10 @@ func (p *producer) append(ctx context.Context, k int, n int64) error {
 func uuid() string {
 	a, b := rand.Uint64(), rand.Uint64()
 	return fmt.Sprintf("%08x-%04x-4%03x-a%03x-%012x", a>>32, (a>>16)&0xffff, a&0xfff, b>>52, b&0xffffffffffff)
+}
+
+// w4Step is how long each W4 and W4P load step runs: -w4-seconds scaled,
+// at least 2s.
+func (o options) w4Step() time.Duration {
+	return time.Duration(max(o.w4Seconds*o.scale, 2) * float64(time.Second))
 }

@@ -3,28 +3,12 @@ package main
 import (
 	"context"
 	"fmt"
-	"time"
 )
 
 // W4P is W4's live latency with poison: the activity log written with each
 // event's reference into a varchar(40) column, at 1k events/s, first clean
 // and then with 0.1% of the events carrying a reference too long for it
 // (dead-lettered at commit), in one engine run.
-
-// activityRefProjection is W4P's projection: activity plus the reference.
-const activityRefProjection = `
-[[projection]]
-name     = "activity_ref"
-version  = 1
-on_error = "dead_letter"
-
-  [[projection.rule]]
-  name  = "record"
-  on    = ["AccountOpened", "Deposited", "Withdrawn", "AccountClosed"]
-  op    = "insert"
-  table = "account_activity_ref"
-  set   = { event_id = "id", account_id = "data.account_id", type = "type", amount = "data?.amount ?? data?.initial ?? 0", reference = "data?.reference ?? ''", occurred_at = "occurred_at" }
-`
 
 // activityRefTable is W4P's read model.
 const activityRefTable = `
@@ -43,16 +27,10 @@ const w4Poison = 0.001
 func (b *bench) livePoison(ctx context.Context) error {
 	o := b.opts
 	targets := []target{{projection: "activity_ref", version: 1}}
-	db, cfg, err := b.setup(ctx, "W4P", targets)
-	if err != nil {
-		return err
-	}
-	defer b.srv.drop(context.WithoutCancel(ctx), db)
-	step := time.Duration(max(o.w4Seconds*o.scale, 2) * float64(time.Second))
 	w := b.res.workload("W4P", "live with poison: W4 at 1k events/s, clean and with 0.1% commit-time poison",
 		fmt.Sprintf("%s per step; activity with each event's reference in a varchar(40) column; %d producer connections over %s streams",
-			step, o.w4Producers, thousands(o.streams)), 0)
-	lv, err := b.startLive(ctx, db, cfg, "w4p-engine.log", targets, step)
+			o.w4Step(), o.w4Producers, thousands(o.streams)), 0)
+	lv, err := b.startLive(ctx, "W4P", targets)
 	if err != nil {
 		return err
 	}

@@ -23,15 +23,20 @@ type model struct {
 	apply func(ctx context.Context, tx pgx.Tx, table string, ev *loopEvent) error
 }
 
-var (
-	balancesModel = model{projection: "balances", table: "balances", ceiling: `
-INSERT INTO %[1]s AS t (account_id, owner, balance, closed, updated_at)
-SELECT data->>'account_id',
+// balanceColumns are the SQL ceilings' select list of an account's balance
+// row, grouped by account (balances and W6's w6_balances): account, owner,
+// balance and closed.
+const balanceColumns = `data->>'account_id',
   max(data->>'owner') FILTER (WHERE type = 'AccountOpened'),
   sum(CASE type WHEN 'AccountOpened' THEN (data->>'initial')::bigint
                 WHEN 'Deposited' THEN (data->>'amount')::bigint
                 WHEN 'Withdrawn' THEN -(data->>'amount')::bigint ELSE 0 END),
-  coalesce(bool_or(type = 'AccountClosed'), false),
+  coalesce(bool_or(type = 'AccountClosed'), false)`
+
+var (
+	balancesModel = model{projection: "balances", table: "balances", ceiling: `
+INSERT INTO %[1]s AS t (account_id, owner, balance, closed, updated_at)
+SELECT ` + balanceColumns + `,
   max(occurred_at)
 FROM events
 WHERE type IN ('AccountOpened', 'Deposited', 'Withdrawn', 'AccountClosed')

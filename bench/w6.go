@@ -18,70 +18,6 @@ import (
 // (0.5% of the events carry a reference too long for its varchar(40) and
 // fail at commit, 1% fail a rule: a zero or missing amount).
 
-// w6Projection is W6's projection. The membership rule is a key-only
-// insert (seen takes its default). The open rule names its key: a keyless insert into a table that the batch
-// also updates would send the batch one statement per intent.
-const w6Projection = `
-[[projection]]
-name     = "w6"
-version  = 1
-on_error = "dead_letter"
-
-  [[projection.rule]]
-  name  = "member"
-  on    = "AccountOpened"
-  op    = "insert"
-  table = "w6_open"
-  key   = { account_id = "data.account_id" }
-
-  [[projection.rule]]
-  name  = "open"
-  on    = "AccountOpened"
-  op    = "insert"
-  table = "w6_balances"
-  key   = { account_id = "data.account_id" }
-  set   = { owner = "data.owner", balance = "data.initial", closed = "false" }
-
-  [[projection.rule]]
-  name    = "bad_amount"
-  on      = ["Deposited", "Withdrawn"]
-  when    = "data.amount <= 0"
-  op      = "fail"
-  message = "'non-positive amount: ' + string(data.amount)"
-
-  [[projection.rule]]
-  name  = "move"
-  on    = ["Deposited", "Withdrawn"]
-  op    = "update"
-  table = "w6_balances"
-  key   = { account_id = "data.account_id" }
-  inc   = { balance = "type == 'Deposited' ? data.amount : -data.amount" }
-  set   = { last_ref = "data.reference" }
-
-  [[projection.rule]]
-  name  = "close"
-  on    = "AccountClosed"
-  op    = "update"
-  table = "w6_balances"
-  key   = { account_id = "data.account_id" }
-  set   = { closed = "true" }
-
-  [[projection.rule]]
-  name  = "unmember"
-  on    = "AccountClosed"
-  op    = "delete"
-  table = "w6_open"
-  key   = { account_id = "data.account_id" }
-
-  [[projection.rule]]
-  name  = "count"
-  on    = ["AccountOpened", "Deposited", "Withdrawn", "AccountClosed"]
-  op    = "upsert"
-  table = "w6_type_counts"
-  key   = { type = "type" }
-  inc   = { n = "1" }
-`
-
 // w6Tables is W6's read model.
 const w6Tables = `
 CREATE TABLE IF NOT EXISTS w6_open (
@@ -124,12 +60,7 @@ WHERE type = 'AccountOpened'
   AND NOT EXISTS (SELECT 1 FROM events c WHERE c.stream_id = o.stream_id AND c.type = 'AccountClosed')`},
 	{projection: "w6", table: "w6_balances", ceiling: `
 INSERT INTO %[1]s (account_id, owner, balance, closed, last_ref)
-SELECT data->>'account_id',
-  max(data->>'owner') FILTER (WHERE type = 'AccountOpened'),
-  sum(CASE type WHEN 'AccountOpened' THEN (data->>'initial')::bigint
-                WHEN 'Deposited' THEN (data->>'amount')::bigint
-                WHEN 'Withdrawn' THEN -(data->>'amount')::bigint ELSE 0 END),
-  coalesce(bool_or(type = 'AccountClosed'), false),
+SELECT ` + balanceColumns + `,
   (array_agg(data->>'reference' ORDER BY position DESC) FILTER (WHERE type IN ('Deposited', 'Withdrawn')))[1]
 FROM events
 WHERE NOT ` + w6Bad + `

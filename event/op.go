@@ -1,9 +1,10 @@
 package event
 
 // The op table: what each rule operation is, read by config/ (which fields
-// a rule may give), rules/ (what evaluation produces) and apply/ (whether
-// intents fold). How an op's SQL is built and which privileges it needs is
-// the SQL layer's part, apply's opSQL table, keyed by the same Op; a test
+// a rule may give), rules/ (what evaluation produces), apply/ (whether
+// intents fold) and admin/ (which ops a fixture's intent may have, which
+// writes commute between streams). How an op's SQL is built, which
+// privileges it needs and which columns it stores is the SQL layer's part, apply's opSQL table, keyed by the same Op; a test
 // there fails if an op of this table has no SQL part. Adding an op touches
 // this table, its SQL and their tests only.
 
@@ -63,13 +64,21 @@ type OpSpec struct {
 	// MayMiss: the write can match no row, which is counted and which the
 	// rule's if_missing may turn into a dead letter.
 	MayMiss bool
+	// IncAdds: inc adds to the row's stored value, so writes that give inc
+	// and no set have the same effect on a row in any order (verify reads
+	// such rows as commuting between streams).
+	IncAdds bool
 }
+
+// Intent says whether evaluating a rule of the op produces an intent (a
+// row write or a statement), which fixtures and dead letters may name.
+func (s OpSpec) Intent() bool { return s.Kind == KindRow || s.Kind == KindStatement }
 
 // Ops is every op, in the order the docs present them.
 var Ops = []OpSpec{
 	{Op: OpInsert, Kind: KindRow, Table: Required, Key: Optional, Write: Optional, AnyColumn: true},
-	{Op: OpUpsert, Kind: KindRow, Table: Required, Key: Required, Write: Optional, Folds: true},
-	{Op: OpUpdate, Kind: KindRow, Table: Required, Key: Required, Write: Required, Folds: true, MayMiss: true},
+	{Op: OpUpsert, Kind: KindRow, Table: Required, Key: Required, Write: Optional, Folds: true, IncAdds: true},
+	{Op: OpUpdate, Kind: KindRow, Table: Required, Key: Required, Write: Required, Folds: true, MayMiss: true, IncAdds: true},
 	{Op: OpDelete, Kind: KindRow, Table: Required, Key: Required, MayMiss: true},
 	{Op: OpSQL, Kind: KindStatement, SQL: Required},
 	{Op: OpFail, Kind: KindReject, Message: Required},

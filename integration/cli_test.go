@@ -12,6 +12,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"net/url"
 	"os"
 	"os/exec"
@@ -22,6 +23,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/pgscribe/pgscribe/admin"
 )
 
 // The rules of the balances projections, shared by the CLI and core tests.
@@ -292,41 +295,33 @@ func (e *cliEnv) status(cfg string) cliStatus {
 	return s
 }
 
-// cliDeadLetter is the contract of one `deadletters list -json` line.
-type cliDeadLetter struct {
-	ID             int64           `json:"id"`
-	Projection     string          `json:"projection"`
-	Version        int64           `json:"version"`
-	Position       int64           `json:"position"`
-	EventID        string          `json:"event_id"`
-	StreamID       string          `json:"stream_id"`
-	StreamPosition int64           `json:"stream_position"`
-	EventType      string          `json:"event_type"`
-	ErrorKind      string          `json:"error_kind"`
-	ErrorMessage   string          `json:"error_message"`
-	EventData      json.RawMessage `json:"event_data"`
-	EventMetadata  json.RawMessage `json:"event_metadata"`
-	OccurredAt     *time.Time      `json:"occurred_at"`
-	DeadLetteredAt time.Time       `json:"dead_lettered_at"`
-}
+// deadLetterKeys are the names of a `deadletters list -json` line: the
+// contract scripts rely on, written out here so that renaming a field of
+// admin.DeadLetterJSON fails this test.
+var deadLetterKeys = []string{"dead_lettered_at", "error_kind", "error_message", "event_data", "event_id",
+	"event_metadata", "event_type", "id", "occurred_at", "position", "projection", "stream_id", "stream_position", "version"}
 
-func (e *cliEnv) listJSON(args ...string) []cliDeadLetter {
+func (e *cliEnv) listJSON(args ...string) []admin.DeadLetterJSON {
 	e.t.Helper()
 	r := e.mustRun(0, append([]string{"deadletters", "list", "-json"}, args...)...)
-	var out []cliDeadLetter
+	var out []admin.DeadLetterJSON
 	sc := bufio.NewScanner(strings.NewReader(r.stdout))
 	sc.Buffer(nil, 1<<20)
 	for sc.Scan() {
-		var d cliDeadLetter
-		if err := json.Unmarshal(sc.Bytes(), &d); err != nil {
+		var d admin.DeadLetterJSON
+		var keys map[string]json.RawMessage
+		if err := errors.Join(json.Unmarshal(sc.Bytes(), &d), json.Unmarshal(sc.Bytes(), &keys)); err != nil {
 			e.t.Fatalf("deadletters list -json line %q: %v", sc.Text(), err)
+		}
+		if got := slices.Sorted(maps.Keys(keys)); !slices.Equal(got, deadLetterKeys) {
+			e.t.Fatalf("deadletters list -json line has keys %v, want %v", got, deadLetterKeys)
 		}
 		out = append(out, d)
 	}
 	return out
 }
 
-func kindsOf(ds []cliDeadLetter) map[string]int {
+func kindsOf(ds []admin.DeadLetterJSON) map[string]int {
 	m := map[string]int{}
 	for _, d := range ds {
 		m[d.ErrorKind]++

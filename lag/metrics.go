@@ -2,6 +2,7 @@ package lag
 
 import (
 	"runtime"
+	"slices"
 	"strconv"
 	"sync"
 	"time"
@@ -47,14 +48,22 @@ type Metrics struct {
 // It panics if reg already holds a metric of the same name (one Metrics per
 // registry).
 func NewMetrics(reg prometheus.Registerer, version string) *Metrics {
+	// Every per-version metric is labelled by projection and version,
+	// then by its own labels.
 	pv := []string{"projection", "version"}
+	counter := func(name, help string, labels ...string) *prometheus.CounterVec {
+		return prometheus.NewCounterVec(prometheus.CounterOpts{Name: name, Help: help}, slices.Concat(pv, labels))
+	}
+	gauge := func(name, help string, labels ...string) *prometheus.GaugeVec {
+		return prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: name, Help: help}, slices.Concat(pv, labels))
+	}
 	m := &Metrics{
-		Events: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "pgscribe_events_total",
-			Help: "Source events accounted for, by outcome (applied, skipped, dead_lettered)."}, append(pv, "outcome")),
-		Batches: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "pgscribe_batches_total",
-			Help: "Batches by result (committed, retried, isolated, halted)."}, append(pv, "result")),
-		Isolation: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "pgscribe_isolation_attempts_total",
-			Help: "Segment attempts (savepoint round trips) made to find the events of isolated batches that fail an integrity check."}, pv),
+		Events: counter("pgscribe_events_total",
+			"Source events accounted for, by outcome (applied, skipped, dead_lettered).", "outcome"),
+		Batches: counter("pgscribe_batches_total",
+			"Batches by result (committed, retried, isolated, halted).", "result"),
+		Isolation: counter("pgscribe_isolation_attempts_total",
+			"Segment attempts (savepoint round trips) made to find the events of isolated batches that fail an integrity check."),
 		BatchDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "pgscribe_batch_duration_seconds",
 			Help: "Time from a batch's first attempt to its commit.",
 			// Sub-millisecond (a few skipped events) to a minute (a batch
@@ -63,45 +72,44 @@ func NewMetrics(reg prometheus.Registerer, version string) *Metrics {
 		BatchEvents: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "pgscribe_batch_events",
 			Help:    "Events per committed batch.",
 			Buckets: []float64{1, 2, 5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000}}, pv),
-		LagSeconds: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "pgscribe_lag_seconds",
-			Help: "Age of the oldest committed source event not yet applied; 0 when caught up. Refreshed every lag_interval on every node."}, pv),
-		LagBytes: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "pgscribe_replication_lag_bytes",
-			Help: "Source server WAL LSN minus the slot's confirmed_flush_lsn."}, pv),
-		Backlog: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "pgscribe_backlog_events",
-			Help: "Source events not yet accounted for: count of events minus applied + skipped + dead_lettered + parked of the version's cursors."}, pv),
-		WatermarkLSN: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "pgscribe_watermark_lsn",
-			Help: "Contiguous watermark LSN (as a number): everything at or below it is durably accounted for."}, pv),
-		LastCommit: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "pgscribe_last_commit_timestamp_seconds",
-			Help: "Unix time of the projection's last committed batch."}, pv),
-		Active: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "pgscribe_active",
-			Help: "1 on the node holding the projection's lock, else 0."}, pv),
-		Halted: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "pgscribe_halted",
-			Help: "1 when the projection is halted on a structural failure."}, pv),
-		Paused: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "pgscribe_paused",
-			Help: "1 while an operator paused the projection (pgscribe pause) on the node holding its lock."}, pv),
-		Halts: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "pgscribe_halts_total",
-			Help: "Halts by stage (source, lock, commit) and SQLSTATE class (two characters; none without a SQLSTATE)."},
-			append(pv, "stage", "sqlstate_class")),
-		DeadLetters: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "pgscribe_dead_letters_total",
-			Help: "Dead-lettered events by error kind."}, append(pv, "error_kind")),
-		StreamGaps: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "pgscribe_stream_gaps_total",
-			Help: "Events whose stream_position jumped past cursor + 1."}, pv),
-		Reconnects: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "pgscribe_restarts_total",
-			Help: "Pipeline restarts after a connection loss or transient failure."}, pv),
-		BackfillDone: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "pgscribe_backfill_events_done",
-			Help: "Events read by the running snapshot backfill."}, pv),
-		BackfillTotal: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "pgscribe_backfill_events_total",
-			Help: "Events visible in the snapshot being backfilled."}, pv),
-		WatermarkTime: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "pgscribe_watermark_commit_timestamp_seconds",
-			Help: "Unix time of the source commit of the last transaction at or below the watermark; 0 when unknown."}, pv),
-		SlotRetained: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "pgscribe_slot_retained_wal_bytes",
-			Help: "Source server WAL LSN minus the slot's restart_lsn: WAL the slot keeps on disk."}, pv),
-		ProbeErrors: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "pgscribe_lag_probe_errors_total",
-			Help: "Lag measurements that could not read PostgreSQL."}, pv),
-		RowsMissing: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "pgscribe_rows_missing_total",
-			Help: "Committed updates and deletes that matched no row, by rule."}, append(pv, "rule")),
-		Retries: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "pgscribe_batch_retries_total",
-			Help: "Batches retried after a transient failure, by SQLSTATE (40P01 deadlock, 40001 serialization …; \"connection\" for a lost connection)."}, append(pv, "sqlstate")),
+		LagSeconds: gauge("pgscribe_lag_seconds",
+			"Age of the oldest committed source event not yet applied; 0 when caught up. Refreshed every lag_interval on every node."),
+		LagBytes: gauge("pgscribe_replication_lag_bytes",
+			"Source server WAL LSN minus the slot's confirmed_flush_lsn."),
+		Backlog: gauge("pgscribe_backlog_events",
+			"Source events not yet accounted for: count of events minus applied + skipped + dead_lettered + parked of the version's cursors."),
+		WatermarkLSN: gauge("pgscribe_watermark_lsn",
+			"Contiguous watermark LSN (as a number): everything at or below it is durably accounted for."),
+		LastCommit: gauge("pgscribe_last_commit_timestamp_seconds",
+			"Unix time of the projection's last committed batch."),
+		Active: gauge("pgscribe_active",
+			"1 on the node holding the projection's lock, else 0."),
+		Halted: gauge("pgscribe_halted",
+			"1 when the projection is halted on a structural failure."),
+		Paused: gauge("pgscribe_paused",
+			"1 while an operator paused the projection (pgscribe pause) on the node holding its lock."),
+		Halts: counter("pgscribe_halts_total",
+			"Halts by stage (source, lock, commit) and SQLSTATE class (two characters; none without a SQLSTATE).", "stage", "sqlstate_class"),
+		DeadLetters: counter("pgscribe_dead_letters_total",
+			"Dead-lettered events by error kind.", "error_kind"),
+		StreamGaps: counter("pgscribe_stream_gaps_total",
+			"Events whose stream_position jumped past cursor + 1."),
+		Reconnects: counter("pgscribe_restarts_total",
+			"Pipeline restarts after a connection loss or transient failure."),
+		BackfillDone: gauge("pgscribe_backfill_events_done",
+			"Events read by the running snapshot backfill."),
+		BackfillTotal: gauge("pgscribe_backfill_events_total",
+			"Events visible in the snapshot being backfilled."),
+		WatermarkTime: gauge("pgscribe_watermark_commit_timestamp_seconds",
+			"Unix time of the source commit of the last transaction at or below the watermark; 0 when unknown."),
+		SlotRetained: gauge("pgscribe_slot_retained_wal_bytes",
+			"Source server WAL LSN minus the slot's restart_lsn: WAL the slot keeps on disk."),
+		ProbeErrors: counter("pgscribe_lag_probe_errors_total",
+			"Lag measurements that could not read PostgreSQL."),
+		RowsMissing: counter("pgscribe_rows_missing_total",
+			"Committed updates and deletes that matched no row, by rule.", "rule"),
+		Retries: counter("pgscribe_batch_retries_total",
+			"Batches retried after a transient failure, by SQLSTATE (40P01 deadlock, 40001 serialization …; \"connection\" for a lost connection).", "sqlstate"),
 	}
 	info := prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "pgscribe_build_info",
 		Help: "Build information; always 1."}, []string{"version", "goversion"})

@@ -14,6 +14,7 @@ import (
 
 	"github.com/pgscribe/pgscribe/cursor"
 	"github.com/pgscribe/pgscribe/event"
+	"github.com/pgscribe/pgscribe/sqlstate"
 )
 
 // commitTSScanLimit bounds the rows (by position range) the commit
@@ -147,7 +148,10 @@ func (p *Probe) Tick(ctx context.Context, local *Local) (Reading, error) {
 		}
 		p.view.ProbeFailed()
 		if !p.failing {
-			p.cfg.Logger.Warn("lag probe failed; lag metrics come from this node's state until it recovers", "err", err)
+			// The class tells a lost connection (transient) from a revoked
+			// privilege or a dropped table (structural), as at every stage.
+			p.cfg.Logger.Warn("lag probe failed; lag metrics come from this node's state until it recovers",
+				"stage", "probe", "class", sqlstate.Classify(err).String(), "sqlstate", sqlstate.Code(err), "err", err)
 			p.failing = true
 		}
 		if local == nil {
