@@ -1,8 +1,11 @@
--- progress learns the operator's pause (0030): a version whose lock is
--- held, not halted, and paused reads 'paused'. A halt wins over a pause, as
--- in `pgscribe status`. Same columns as 0010, so CREATE OR REPLACE keeps
--- the grants readers were given.
-CREATE OR REPLACE VIEW {{schema}}.progress AS
+-- progress: one row per projection version the engine knows (a lease or a
+-- watermark row). state is derived like `pgscribe status` does from the
+-- target database alone: stopped (nobody holds the version's advisory
+-- lock), halted, paused (pgscribe pause, 0030), backfilling or live.
+-- lag_seconds and backlog_events are the active engine's last measurement
+-- (every lag_interval), at measured_at. A halt wins over a pause, as in
+-- `pgscribe status`.
+CREATE VIEW {{schema}}.progress AS
 SELECT k.projection,
        k.version,
        CASE WHEN lk.pid IS NULL THEN 'stopped'
@@ -33,3 +36,6 @@ LEFT JOIN LATERAL (
       AND pl.database = (SELECT oid FROM pg_database WHERE datname = current_database())
       AND pl.classid::bigint = (lock.v >> 32) & 4294967295
       AND pl.objid::bigint = lock.v & 4294967295) AS lk ON true;
+
+COMMENT ON VIEW {{schema}}.progress IS
+    'pgscribe: per projection version: state, served, watermark (LSN, commit time), measured lag and backlog';
