@@ -904,9 +904,17 @@ func TestFailoverShutdownSignals(t *testing.T) {
 	if locks != 0 {
 		t.Errorf("%d advisory locks held after a graceful stop", locks)
 	}
+	// The process is gone, but its walsender may not have noticed yet:
+	// peeking a slot it still holds fails (55006).
+	slot := c.id + "_" + p + "_v1"
+	waitFor(t, 30*time.Second, "the slot's walsender to exit", func() bool {
+		var active bool
+		c.queryRow(`SELECT COALESCE(bool_or(active), false) FROM pg_replication_slots WHERE slot_name = $1`, []any{slot}, &active)
+		return !active
+	})
 	c.queryRow(`SELECT count(*) FROM pg_logical_slot_peek_binary_changes($1, NULL, NULL,
 		'proto_version', '1', 'publication_names', 'pgscribe_events') WHERE substr(data, 1, 1) = 'I'::bytea`,
-		[]any{c.id + "_" + p + "_v1"}, &pending)
+		[]any{slot}, &pending)
 	if pending != 0 {
 		t.Errorf("slot not confirmed: %d events still to deliver after a graceful stop", pending)
 	}
