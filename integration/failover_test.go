@@ -490,7 +490,13 @@ func (w *foWriter) run(ctx context.Context, pool *pgxpool.Pool, worker, streams 
 			fmt.Fprintf(&sql, "($%d, $%d, $%d, $%d)", 4*j+1, 4*j+2, 4*j+3, 4*j+4)
 			args = append(args, fmt.Sprintf("acct-%d-%d", worker, s), next[s], typ, data)
 		}
-		if _, err := pool.Exec(ctx, sql.String(), args...); err != nil {
+		// The insert is never cut short by stop: one abandoned mid-flight
+		// can still commit after stop returned and the test counted the
+		// table, and verify then finds events nothing accounted for.
+		ictx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+		_, err := pool.Exec(ictx, sql.String(), args...)
+		cancel()
+		if err != nil {
 			return err
 		}
 		pos = next
