@@ -62,9 +62,10 @@ func (s *session) run(ctx context.Context) error {
 	}
 	defer s.pool.Close()
 	defer s.srcConn.Close(context.WithoutCancel(ctx))
-	// A column pgscribe cannot read halts now, not at the first event.
+	// A column pgscribe cannot read halts now, not at the first event: at
+	// stage source (sourceFault), which resumes once the columns change.
 	if err := replication.CheckTable(ctx, s.srcConn, s.src); err != nil {
-		return sourceHalt(err)
+		return atSource(err)
 	}
 	confirmed, err := s.plan(ctx)
 	if err != nil {
@@ -137,11 +138,15 @@ func (s *session) run(ctx context.Context) error {
 	return sourceHalt(err)
 }
 
-// sourceHalt makes a source error that no retry can get past a halt: an
-// events table pgscribe cannot read, or an insert into a relation it
-// cannot map to the events table.
+// sourceHalt makes an insert into a relation pgscribe cannot map to the
+// events table a halt that waits for the operator: as a source error the
+// probe would pass and sourceFault would resync past the insert, skipping
+// it silently (the runbook's way out: the table out of the publication,
+// the slot dropped). An events table pgscribe cannot read (ErrUnreadable)
+// stays a source error: it halts at stage source and resumes by itself
+// once the columns change (sourceFault).
 func sourceHalt(err error) error {
-	if errors.Is(err, replication.ErrUnreadable) || errors.Is(err, replication.ErrForeignRelation) {
+	if errors.Is(err, replication.ErrForeignRelation) {
 		return &apply.HaltError{Reason: "source events table", Err: err}
 	}
 	return err

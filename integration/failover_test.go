@@ -490,7 +490,13 @@ func (w *foWriter) run(ctx context.Context, pool *pgxpool.Pool, worker, streams 
 			fmt.Fprintf(&sql, "($%d, $%d, $%d, $%d)", 4*j+1, 4*j+2, 4*j+3, 4*j+4)
 			args = append(args, fmt.Sprintf("acct-%d-%d", worker, s), next[s], typ, data)
 		}
-		if _, err := pool.Exec(ctx, sql.String(), args...); err != nil {
+		// The insert is never cut short by stop: one abandoned mid-flight
+		// can still commit after stop returned and the test counted the
+		// table, and verify then finds events nothing accounted for.
+		ictx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+		_, err := pool.Exec(ictx, sql.String(), args...)
+		cancel()
+		if err != nil {
 			return err
 		}
 		pos = next
@@ -904,9 +910,17 @@ func TestFailoverShutdownSignals(t *testing.T) {
 	if locks != 0 {
 		t.Errorf("%d advisory locks held after a graceful stop", locks)
 	}
+	// The process is gone, but its walsender may not have noticed yet:
+	// peeking a slot it still holds fails (55006).
+	slot := c.id + "_" + p + "_v1"
+	waitFor(t, 30*time.Second, "the slot's walsender to exit", func() bool {
+		var active bool
+		c.queryRow(`SELECT COALESCE(bool_or(active), false) FROM pg_replication_slots WHERE slot_name = $1`, []any{slot}, &active)
+		return !active
+	})
 	c.queryRow(`SELECT count(*) FROM pg_logical_slot_peek_binary_changes($1, NULL, NULL,
 		'proto_version', '1', 'publication_names', 'pgscribe_events') WHERE substr(data, 1, 1) = 'I'::bytea`,
-		[]any{c.id + "_" + p + "_v1"}, &pending)
+		[]any{slot}, &pending)
 	if pending != 0 {
 		t.Errorf("slot not confirmed: %d events still to deliver after a graceful stop", pending)
 	}

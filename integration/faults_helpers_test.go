@@ -294,11 +294,13 @@ func (e *faultEnv) cursor(t *testing.T, projection, stream string) int64 {
 WHERE projection = $1 AND version = 1 AND stream_id = $2`, projection, stream)
 }
 
-// start runs `pgscribe run` on the environment's configuration and waits
-// for its metrics listener.
+// start runs `pgscribe run` on the environment's configuration as e.dsn
+// and waits for its metrics listener. The file names the superuser it was
+// written with; e.dsn is another role once engineRole ran, and the tests
+// that take a privilege away from that role need the engine to run as it.
 func (e *faultEnv) start(t *testing.T) *node {
 	t.Helper()
-	n := newNode(t, "pgscribe", e.config)
+	n := newNode(t, "pgscribe", e.config, "PGSCRIBE_DATABASE_URL="+e.dsn)
 	n.stopTimeout = 40 * time.Second // shutdown_timeout is 20s
 	n.start()
 	return n
