@@ -724,3 +724,113 @@ func (e *rbEnv) waitFor(timeout time.Duration, what string, cond func() bool) {
 	e.t.Helper()
 	waitFor(e.t, timeout, what, cond)
 }
+
+// TestRebuildPromoteRefusals: promote refuses a version that is
+// backfilling, one that lags more than -max-lag and one that is halted —
+// exit 1, a message naming the reason, the served views and the served row
+// unchanged — and -force promotes the halted one, saying what it overrode.
+func TestRebuildPromoteRefusals(t *testing.T) {
+	e := newRB(t)
+	v1 := rbVersion{version: 1, rule: rbRuleV1, ddl: rbDDLV1}
+	v2 := rbVersion{version: 2, rule: rbRuleV2, ddl: rbDDLV2}
+	cfg1, cfg2, both := e.config("v1.toml", v1), e.config("v2.toml", v2), e.config("both.toml", v1, v2)
+	e.mustCLI("migrate", "-events-table", "-config", both)
+	e.seed("acct", 20, 20)
+	p1 := e.start("run", "-config", cfg1)
+	e.waitCaughtUp(1, 2*time.Minute)
+	e.mustCLI("promote", "-projection", "balances", "-version", "1", "-config", both)
+	e.wantServed(1)
+	servedRow := func() string {
+		var s string
+		if err := e.pool.QueryRow(context.Background(), "SELECT coalesce((SELECT s::text FROM pgscribe.served AS s WHERE projection = 'balances'), '')").Scan(&s); err != nil {
+			t.Fatal(err)
+		}
+		return s
+	}
+	before, beforeRow := e.served(), servedRow()
+
+	// refused runs promote v2 and wants exit 1, each of reasons in its
+	// message, none of absent, and v1 still served exactly as before.
+	refused := func(what string, reasons, absent []string, args ...string) {
+		t.Helper()
+		out, code := e.cli(append([]string{"promote", "-projection", "balances", "-version", "2", "-config", both}, args...)...)
+		t.Logf("promote of a version %s: exit %d\n%s", what, code, out)
+		if code != 1 {
+			t.Errorf("promote of a version %s: exit %d, want 1", what, code)
+		}
+		for _, r := range append(reasons, "refused", "-force overrides") {
+			if !strings.Contains(out, r) {
+				t.Errorf("promote of a version %s: the message does not say %q", what, r)
+			}
+		}
+		for _, r := range absent {
+			if strings.Contains(out, r) {
+				t.Errorf("promote of a version %s: the message says %q", what, r)
+			}
+		}
+		if got, row := e.served(), servedRow(); got != before || row != beforeRow {
+			t.Errorf("promote of a version %s changed what is served: %+v %s, was %+v %s", what, got, row, before, beforeRow)
+		}
+	}
+	// block holds a SHARE lock on v2's table, so that its upserts wait:
+	// readers still read it, v2 applies nothing until release.
+	block := func() (release func()) {
+		t.Helper()
+		conn, err := pgx.Connect(context.Background(), e.dsn)
+		if err != nil {
+			t.Fatal(err)
+		}
+		tx, err := conn.Begin(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := tx.Exec(context.Background(), "LOCK TABLE balances_v2.balances IN SHARE MODE"); err != nil {
+			t.Fatal(err)
+		}
+		return func() {
+			_ = tx.Rollback(context.Background())
+			_ = conn.Close(context.Background())
+		}
+	}
+
+	// Backfilling: v2's first batch waits on the lock.
+	release := block()
+	p2 := e.start("run", "-config", cfg2)
+	e.waitFor(time.Minute, "v2 backfilling", func() bool { return e.status(both).Projections[1].State == "backfilling" })
+	refused("that is backfilling", []string{"it is backfilling, not live"}, nil, "-max-lag", "1h")
+	release()
+	e.waitCaughtUp(2, 2*time.Minute)
+	e.waitLag(both, 1, 5)
+
+	// Lagging: live, with events it cannot apply while the lock holds.
+	release = block()
+	e.seed("acct", 5, 1)
+	e.waitFor(time.Minute, "v2 to lag more than 2s", func() bool {
+		p := e.status(both).Projections[1]
+		return p.State == "live" && p.LagSeconds != nil && *p.LagSeconds > 2
+	})
+	refused("that lags", []string{"is above 1s"}, []string{"not live", "halted"}, "-max-lag", "1s")
+	release()
+	e.waitCaughtUp(2, 2*time.Minute)
+
+	// Halted: a column its rule writes is gone (a schema mismatch halts).
+	e.exec("ALTER TABLE balances_v2.balances DROP COLUMN deposits")
+	e.seed("acct", 1, 1)
+	e.waitFor(time.Minute, "v2 halted", func() bool { return e.status(both).Projections[1].State == "halted" })
+	refused("that is halted", []string{"it is halted (", "deposits"}, nil, "-max-lag", "1h")
+
+	// -force promotes it and says what it overrode.
+	out := e.mustCLI("promote", "-projection", "balances", "-version", "2", "-max-lag", "1h", "-force", "-config", both)
+	t.Logf("promote -force:\n%s", out)
+	if !strings.Contains(out, "forced: promoting although it is halted (") || !strings.Contains(out, "served: balances v2 in schema public (before: v1") {
+		t.Errorf("promote -force did not say what it overrode and what it served:\n%s", out)
+	}
+	if s := e.served(); s.row != 2 || !strings.HasSuffix(s.comment, "v2 from balances_v2.balances") || s.columns != "account_id,balance" {
+		t.Errorf("after promote -force: %+v, want v2 served from balances_v2.balances", s)
+	}
+	if row := servedRow(); !strings.Contains(row, "(balances,2,public,") {
+		t.Errorf("pgscribe.served after promote -force: %s", row)
+	}
+	p2.kill()
+	p1.stop()
+}
