@@ -51,7 +51,7 @@
 //
 // Oracles, from the events table alone:
 //   - accountedSQL / accounted(ctx, q, projection, version) — conservation:
-//     applied + skipped + dead_lettered over the version's cursors;
+//     applied + skipped + dead_lettered + adopted over the version's cursors;
 //     eventCount; waitAccounted(t, q, timeout, projection, version,
 //     broken...) waits for every event to be accounted for and fails at
 //     once on more.
