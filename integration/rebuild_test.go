@@ -54,7 +54,7 @@ const (
 	rbDDLV1 = "CREATE TABLE balances (account_id text PRIMARY KEY, balance bigint NOT NULL DEFAULT 0);\n"
 	rbDDLV2 = "CREATE TABLE balances (account_id text PRIMARY KEY, deposits bigint NOT NULL DEFAULT 0, balance bigint NOT NULL DEFAULT 0);\n"
 
-// rbExpectV2 is v2's read model computed from the events table alone.
+	// rbExpectV2 is v2's read model computed from the events table alone.
 	rbExpectV2 = `SELECT stream_id AS account_id,
   count(*) FILTER (WHERE type = 'Deposited') AS deposits,
   sum(CASE WHEN type = 'Deposited' THEN (data->>'amount')::bigint ELSE -(data->>'amount')::bigint END) AS balance

@@ -414,19 +414,19 @@ func (r *rig) waitCaughtUp(timeout time.Duration) {
 //   - dead_letters holds exactly one row per event that must be
 //     dead-lettered, and sum(dead_lettered) equals its row count;
 //   - the read model equals the one computed from the events table.
+func (r *rig) verify() {
+	r.t.Helper()
+	for _, p := range r.projs {
+		verifyProjection(r.t, r.pool, p)
+	}
+}
+
 // verifyCLI runs `pgscribe verify` on every projection of the rig: an
 // oracle of its own, besides verify's SQL expectations.
 func (r *rig) verifyCLI() {
 	r.t.Helper()
 	for _, p := range r.projs {
 		requireNoDrift(r.t, pgscribeBinary(r.t), r.config, p.name, int64(p.version))
-	}
-}
-
-func (r *rig) verify() {
-	r.t.Helper()
-	for _, p := range r.projs {
-		verifyProjection(r.t, r.pool, p)
 	}
 }
 
