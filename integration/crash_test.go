@@ -20,8 +20,9 @@ import (
 // backfill, or a random moment after streaming resumed and applied
 // something and a 2000-event transaction committed (or once part of that
 // transaction is applied). After each kill during streaming, the slot must not be
-// confirmed past an unapplied transaction. At the end both projections are
-// exact and nothing was dead-lettered.
+// confirmed past an unapplied transaction. At the end every projection is
+// exact: balances and activity dead-letter nothing, w6 (the bench's W6
+// shape, with rule and integrity poison) exactly its poison events.
 func TestKillDuringBackfillAndLive(t *testing.T) {
 	const (
 		backfillKills = 5
@@ -30,7 +31,7 @@ func TestKillDuringBackfillAndLive(t *testing.T) {
 		perStream     = 50
 	)
 	bal, act := balancesProjection(), activityProjection()
-	r, a, seed, rng := newLoadRig(t, streams, perStream, 200, 4*time.Millisecond, 0)
+	r, a, seed, rng := newLoadRig(t, streams, perStream, 200, 4*time.Millisecond, 0, w6Projection())
 	a.start(4, seed)
 
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
@@ -139,6 +140,7 @@ func TestKillDuringBackfillAndLive(t *testing.T) {
 	a.checkErrors()
 	r.waitCaughtUp(3 * time.Minute)
 	r.verify()
+	requireW6Poison(t, r.pool)
 	r.verifyCLI()
 	s.terminate(time.Minute)
 	t.Logf("%d kills; %d events appended by writers, %d conflicts retried", kills, a.events.Load(), a.retries.Load())
@@ -148,14 +150,15 @@ func TestKillDuringBackfillAndLive(t *testing.T) {
 // crash recovery) twice while pgscribe streams under load. pgscribe is not
 // restarted: it must reconnect and resume by itself, replaying from the
 // slot (whose confirmed position may step back to the last checkpoint) and
-// deduplicating by cursor. Both projections end exact.
+// deduplicating by cursor. Every projection (balances, activity and the W6
+// shape) ends exact.
 func TestPostgresCrashUnderLoad(t *testing.T) {
 	requireServer(t)
 	if !srv().CanRestart() {
 		t.Skipf("the %s server cannot be restarted", srv().Mode())
 	}
-	bal, act := balancesProjection(), activityProjection()
-	r, a, seed, rng := newLoadRig(t, 300, 10, 100, 2*time.Millisecond, 2)
+	bal := balancesProjection()
+	r, a, seed, rng := newLoadRig(t, 300, 10, 100, 2*time.Millisecond, 2, w6Projection())
 	a.tolerateOutages = true
 	a.start(4, seed)
 	s := r.start()
@@ -183,7 +186,7 @@ func TestPostgresCrashUnderLoad(t *testing.T) {
 		atCrash := r.eventCount(ctx)
 		// Writers resume, and pgscribe, by itself, applies what they write.
 		r.waitUntil(2*time.Minute, "pgscribe to apply events written after the crash", func(ctx context.Context) (bool, error) {
-			for _, p := range []coreProjection{bal, act} {
+			for _, p := range r.projs {
 				n, err := r.accounted(ctx, p)
 				if err != nil || n <= atCrash+200 {
 					return false, err
@@ -201,6 +204,7 @@ func TestPostgresCrashUnderLoad(t *testing.T) {
 	a.checkErrors()
 	r.waitCaughtUp(2 * time.Minute)
 	r.verify()
+	requireW6Poison(t, r.pool)
 	r.verifyCLI()
 	s.terminate(time.Minute)
 }

@@ -23,7 +23,8 @@
 //     metrics on a free port, JSON logs; then .set(section, key, tomlValue),
 //     .with(section, map), .raw(section, lines), .add(projection TOML) and
 //     .write(t, path).
-//   - projectionTOML(name, version, onError, rules...) with
+//   - projectionTOML(name, version, onError, rules...) (projectionKeysTOML
+//     with more projection keys: schema, serve, ddl …) with
 //     rule{name, on ("A,B" for several), when, op, table, key, set, inc,
 //     message, sql, args}.
 //
@@ -51,13 +52,16 @@
 //
 // Oracles, from the events table alone:
 //   - accountedSQL / accounted(ctx, q, projection, version) — conservation:
-//     applied + skipped + dead_lettered over the version's cursors;
+//     applied + skipped + dead_lettered + adopted over the version's cursors;
 //     eventCount; waitAccounted(t, q, timeout, projection, version,
 //     broken...) waits for every event to be accounted for and fails at
 //     once on more.
 //   - sameRows(t, q, what, got, want, args...) — exactness: the two
 //     queries return the same multiset of rows (EXCEPT ALL both ways).
 //   - scalar[T](t, q, sql, args...) — a one-value query.
+//   - verifyProjection(t, q, p) — every oracle of a coreProjection: the
+//     per-stream cursors and outcomes, the dead letters, the read model
+//     (rig.verify runs it per projection; foCluster.addProjection too).
 //
 // Writers: the rig's appender (concurrent expected-version appends, commit
 // LSN bounds for the slot-confirmation oracle), the fault tests'
@@ -67,6 +71,8 @@
 // The families on top: rig (workload_test.go: core and crash tests, with
 // verify, the per-stream exactness oracle), faultEnv (faults_helpers_test.go:
 // checkAccounting, verifyClean), foCluster (failover_test.go: roles,
-// leases, fencing), the metrics tests' mtConfig and cliEnv (cli_test.go:
-// runCLI, status and dead-letter JSON contracts).
+// leases, fencing), the metrics tests' mtConfig, cliEnv (cli_test.go:
+// runCLI, status and dead-letter JSON contracts), rbEnv (rebuild_test.go:
+// versions side by side, promote, retire, adoption) and wtEnv
+// (wait_test.go: read-your-writes).
 package integration

@@ -18,6 +18,10 @@ package integration
 //     off;
 //   - fencing: a node that lost the projection commits no row after the
 //     takeover's epoch bump was seen.
+//
+// A test may add a projection with an oracle of its own (addProjection, a
+// coreProjection such as the W6 shape): the writer then also appends the
+// rig's workload, and drain checks it with verifyProjection.
 
 import (
 	"context"
@@ -64,6 +68,10 @@ type foCluster struct {
 	id          string // unique per test: slot prefix, role names
 	group       string // role holding the privileges the nodes need
 	projections []string
+	// extra are projections with their own rules and oracle (addProjection),
+	// run beside the failover projections; with any, the writer also
+	// appends the rig's workload (workloadEvent) to streams w6-*.
+	extra []coreProjection
 
 	mu    sync.Mutex
 	nodes []*foNode
@@ -123,6 +131,21 @@ func newFailoverCluster(t *testing.T, projections ...string) *foCluster {
 			GRANT SELECT, INSERT, UPDATE, DELETE ON %[1]s_entries, %[1]s_balances TO %[2]s`, p, c.group))
 	}
 	return c
+}
+
+// addProjection creates p's read model, lets the nodes write it and runs p
+// on every node created from now on; drain checks its oracle.
+func (c *foCluster) addProjection(p coreProjection) {
+	c.t.Helper()
+	c.exec(p.ddl)
+	tables := map[string]bool{}
+	for _, r := range p.rules {
+		if r.table != "" && !tables[r.table] {
+			tables[r.table] = true
+			c.exec(fmt.Sprintf("GRANT SELECT, INSERT, UPDATE, DELETE ON %s TO %s", pgx.Identifier{r.table}.Sanitize(), c.group))
+		}
+	}
+	c.extra = append(c.extra, p)
 }
 
 func (c *foCluster) exec(sql string, args ...any) {
@@ -191,6 +214,9 @@ func (c *foCluster) writeConfig(node, dsn string, o foOptions) string {
 				set: `event_id = "id", account = "stream_id", amount = "data.amount"`},
 			rule{name: "balance", on: "Deposited", op: "upsert", table: p + "_balances",
 				key: `account = "stream_id"`, inc: `balance = "data.amount", events = "1"`}))
+	}
+	for _, p := range c.extra {
+		cfg.add(p.toml())
 	}
 	return cfg.write(c.t, filepath.Join(c.dir, node+".toml"))
 }
@@ -350,7 +376,9 @@ func (c *foCluster) verify(projection string) {
 	var applied, skipped, dead, streamsOff int64
 	c.queryRow(`SELECT coalesce(sum(applied), 0)::bigint, coalesce(sum(skipped), 0)::bigint, coalesce(sum(dead_lettered), 0)::bigint
 		FROM pgscribe.cursors WHERE projection = $1 AND version = 1`, []any{projection}, &applied, &skipped, &dead)
-	if applied+skipped+dead != events || applied != deposits || skipped != notes || dead != 0 {
+	// Every event but a deposit is skipped: Noted, and the workload of the
+	// extra projections' streams.
+	if applied+skipped+dead != events || applied != deposits || skipped != events-deposits || dead != 0 {
 		c.t.Errorf("%s: conservation: %d events (%d deposits, %d notes), cursors say applied %d + skipped %d + dead-lettered %d",
 			projection, events, deposits, notes, applied, skipped, dead)
 	}
@@ -400,6 +428,10 @@ func (c *foCluster) drain(w *foWriter, projections ...string) {
 		c.waitCaughtUp(p, 60*time.Second)
 		c.verify(p)
 	}
+	for _, p := range c.extra {
+		c.waitCaughtUp(p.name, 60*time.Second)
+		verifyProjection(c.t, c.admin, p)
+	}
 }
 
 // holdEntries locks projection's entries table against writes, so that the
@@ -437,11 +469,15 @@ type foWriter struct {
 	workers int32
 	paused  atomic.Bool
 	parked  atomic.Int32 // workers waiting while paused
+	// workload: every other event goes to a stream w6-<worker>-<n> of the
+	// rig's workload (opened at position 1, then deposits, withdrawals,
+	// notes, closings), for the extra projections.
+	workload bool
 }
 
 func (c *foCluster) startWriter(workers, streams int) *foWriter {
 	ctx, cancel := context.WithCancel(c.ctx)
-	w := &foWriter{cancel: cancel, workers: int32(workers)}
+	w := &foWriter{cancel: cancel, workers: int32(workers), workload: len(c.extra) > 0}
 	for i := range workers {
 		w.wg.Add(1)
 		go func() {
@@ -458,7 +494,7 @@ func (c *foCluster) startWriter(workers, streams int) *foWriter {
 }
 
 func (w *foWriter) run(ctx context.Context, pool *pgxpool.Pool, worker, streams int) error {
-	pos := make([]int64, streams)
+	pos, wpos := make([]int64, streams), make([]int64, streams)
 	seq := 0
 	for n := 0; n < 20000 && ctx.Err() == nil; {
 		if w.paused.Load() {
@@ -476,19 +512,27 @@ func (w *foWriter) run(ctx context.Context, pool *pgxpool.Pool, worker, streams 
 		var sql strings.Builder
 		sql.WriteString("INSERT INTO events (stream_id, stream_position, type, data) VALUES ")
 		args := make([]any, 0, 4*k)
-		next := append([]int64(nil), pos...)
+		next, wnext := append([]int64(nil), pos...), append([]int64(nil), wpos...)
 		for j := range k {
 			s := mrand.IntN(streams)
 			next[s]++
+			stream, p := fmt.Sprintf("acct-%d-%d", worker, s), next[s]
 			typ, data := "Deposited", fmt.Sprintf(`{"amount": %d}`, 1+mrand.IntN(100))
 			if seq++; seq%10 == 0 { // skipped by the rules
 				typ, data = "Noted", `{"note": "hello"}`
+			} else if w.workload && seq%2 == 0 {
+				next[s]--
+				wnext[s]++
+				stream, p = fmt.Sprintf("w6-%d-%d", worker, s), wnext[s]
+				var b []byte
+				typ, b = workloadEvent(stream, p, mrand.IntN(100), 1+mrand.IntN(100))
+				data = string(b)
 			}
 			if j > 0 {
 				sql.WriteString(", ")
 			}
 			fmt.Fprintf(&sql, "($%d, $%d, $%d, $%d)", 4*j+1, 4*j+2, 4*j+3, 4*j+4)
-			args = append(args, fmt.Sprintf("acct-%d-%d", worker, s), next[s], typ, data)
+			args = append(args, stream, p, typ, data)
 		}
 		// The insert is never cut short by stop: one abandoned mid-flight
 		// can still commit after stop returned and the test counted the
@@ -499,7 +543,7 @@ func (w *foWriter) run(ctx context.Context, pool *pgxpool.Pool, worker, streams 
 		if err != nil {
 			return err
 		}
-		pos = next
+		pos, wpos = next, wnext
 		n += k
 		w.n.Add(int64(k))
 		select {
@@ -562,10 +606,14 @@ func (c *foCluster) livePair(p string) (n1, n2 *foNode, w *foWriter) {
 }
 
 // TestFailoverKill9 kills the active node under live load: the standby
-// takes over within standby_poll (+1 s target) and the result is exact.
+// takes over within standby_poll (+1 s target) and the result is exact,
+// also for the W6 shape beside it (with pgscribe verify).
 func TestFailoverKill9(t *testing.T) {
 	const p = "kill9"
 	c := newFailoverCluster(t, p)
+	// Beside it, the bench's W6 shape (rule and integrity poison, shared
+	// rows, deletes) must end exact across the takeover too.
+	c.addProjection(w6Projection())
 	n1, n2, w := c.livePair(p)
 	w.waitWritten(t, 300)
 
@@ -585,6 +633,8 @@ func TestFailoverKill9(t *testing.T) {
 
 	w.waitWritten(t, 300)
 	c.drain(w, p)
+	requireW6Poison(t, c.admin)
+	requireNoDrift(t, c.bin, c.writeConfig("verify", c.dsn, foOptions{}), "w6", 1)
 }
 
 // TestFailoverFrozenActive freezes (SIGSTOP) the active node while one of

@@ -231,10 +231,19 @@ func (r rule) String() string {
 // projectionTOML renders a [[projection]] block; onError "" leaves the
 // default.
 func projectionTOML(name string, version int, onError string, rules ...rule) string {
+	return projectionKeysTOML(name, version, onError, nil, rules...)
+}
+
+// projectionKeysTOML is projectionTOML with more projection keys (schema,
+// serve, ddl …): lines "key = tomlValue".
+func projectionKeysTOML(name string, version int, onError string, keys []string, rules ...rule) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "\n[[projection]]\nname = %q\nversion = %d\n", name, version)
 	if onError != "" {
 		fmt.Fprintf(&b, "on_error = %q\n", onError)
+	}
+	for _, k := range keys {
+		b.WriteString(k + "\n")
 	}
 	for _, r := range rules {
 		b.WriteString(r.String())
@@ -273,8 +282,9 @@ func sqlHead(s string) string {
 }
 
 // accountedSQL is the conservation side of the cursors: how many events a
-// projection version accounts for (applied + skipped + dead_lettered).
-const accountedSQL = `SELECT coalesce(sum(applied + skipped + dead_lettered), 0)::bigint
+// projection version accounts for (applied + skipped + dead_lettered +
+// adopted, the events a start_after_position counted as done).
+const accountedSQL = `SELECT coalesce(sum(applied + skipped + dead_lettered + adopted), 0)::bigint
 FROM pgscribe.cursors WHERE projection = $1 AND version = $2`
 
 // accounted is how many events the projection version's cursors account for.

@@ -264,3 +264,81 @@ func TestMigrateIgnoresRules(t *testing.T) {
 		t.Errorf("run: %v\n%s", err, out)
 	}
 }
+
+// w6Dead says which events of the rig's workload the w6 projection must
+// dead-letter: rule poison (a withdrawal at a position divisible by 53
+// fails its rule), commit-time integrity poison (a note at a position
+// divisible by 97 is too long for its varchar(16) column, SQLSTATE 22001)
+// and a delete that finds no row with if_missing = "dead_letter" (an
+// account's second closing). Unqualified columns are those of the events
+// row the predicate is about.
+const w6Dead = `(
+	(type = 'Withdrawn' AND position % 53 = 0)
+	OR (type = 'NoteAdded' AND position % 97 = 0)
+	OR (type = 'AccountClosed' AND EXISTS (SELECT 1 FROM events AS c
+		WHERE c.stream_id = events.stream_id AND c.type = 'AccountClosed' AND c.stream_position < events.stream_position)))`
+
+// w6Projection is the shape of the bench's W6 (issue 12) over the rig's
+// workload: a key-only insert opens an account row, update+inc counts its
+// movements, update+set keeps its last note, a delete (if_missing =
+// "dead_letter") closes it, an insert logs each note in a varchar column,
+// and an upsert with inc only counts events by type in a few rows that
+// every stream writes. An event's writes apply all or none, so a dead
+// event counts in no table. The counts by type use inc only: a set on a
+// row of many streams has no single expected value.
+func w6Projection() coreProjection {
+	return coreProjection{
+		name: "w6", version: 1,
+		rules: []rule{
+			{name: "open", on: "AccountOpened", op: "insert", table: "w6_accounts", key: `account_id = "stream_id"`},
+			{name: "move", on: "Deposited,Withdrawn", op: "update", table: "w6_accounts", key: `account_id = "stream_id"`,
+				inc: `moves = "1", total = "type == 'Deposited' ? data.amount : -data.amount"`},
+			{name: "poison", on: "Withdrawn", when: "position % 53 == 0", op: "fail", message: "'rule poison at ' + string(position)"},
+			{name: "note", on: "NoteAdded", op: "update", table: "w6_accounts", key: `account_id = "stream_id"`, set: `last_note = "data.note"`},
+			{name: "note_log", on: "NoteAdded", op: "insert", table: "w6_notes",
+				set: `event_id = "id", note = "position % 97 == 0 ? data.note + ' is far too long for its column' : data.note"`},
+			{name: "close", on: "AccountClosed", op: "delete", table: "w6_accounts", key: `account_id = "stream_id"`, ifMissing: "dead_letter"},
+			{name: "by_type", op: "upsert", table: "w6_type_counts", key: `type = "type"`, inc: `n = "1"`},
+		},
+		ddl: `CREATE TABLE IF NOT EXISTS w6_accounts (
+	account_id text   PRIMARY KEY,
+	moves      bigint NOT NULL DEFAULT 0,
+	total      bigint NOT NULL DEFAULT 0,
+	last_note  text
+);
+CREATE TABLE IF NOT EXISTS w6_notes (event_id uuid PRIMARY KEY, note varchar(16) NOT NULL);
+CREATE TABLE IF NOT EXISTS w6_type_counts (type text PRIMARY KEY, n bigint NOT NULL)`,
+		// Every stream opens at position 1 (never dead); its first closing
+		// deletes the row, later movements and notes then miss it.
+		expected: `SELECT 'account' AS t, stream_id AS k,
+	count(*) FILTER (WHERE type IN ('Deposited', 'Withdrawn'))::bigint AS n,
+	coalesce(sum(CASE type WHEN 'Deposited' THEN (data->>'amount')::bigint WHEN 'Withdrawn' THEN -(data->>'amount')::bigint END), 0)::bigint AS total,
+	(array_agg(data->>'note' ORDER BY stream_position DESC) FILTER (WHERE type = 'NoteAdded'))[1] AS note
+FROM events WHERE NOT ` + w6Dead + `
+GROUP BY stream_id HAVING bool_or(type = 'AccountOpened') AND NOT bool_or(type = 'AccountClosed')
+UNION ALL
+SELECT 'note', id::text, 0, 0, data->>'note' FROM events WHERE type = 'NoteAdded' AND NOT ` + w6Dead + `
+UNION ALL
+SELECT 'type', type, count(*)::bigint, 0, NULL FROM events WHERE NOT ` + w6Dead + ` GROUP BY type`,
+		actual: `SELECT 'account' AS t, account_id, moves, total, last_note FROM w6_accounts
+UNION ALL SELECT 'note', event_id::text, 0, 0, note::text FROM w6_notes
+UNION ALL SELECT 'type', type, n, 0, NULL FROM w6_type_counts`,
+		outcome: `CASE WHEN ` + w6Dead + ` THEN 'dead' ELSE 'applied' END`,
+	}
+}
+
+// requireW6Poison fails unless w6's exact dead letters (verifyProjection
+// checked them event by event) include both kinds of poison: a rule's
+// failure and a value too long for its varchar column (SQLSTATE 22001),
+// so that an oracle passing over a workload without poison cannot hide.
+func requireW6Poison(t *testing.T, q querier) {
+	t.Helper()
+	rule := scalar[int64](t, q, `SELECT count(*) FROM pgscribe.dead_letters WHERE projection = 'w6' AND event_type = 'Withdrawn'`)
+	integrity := scalar[int64](t, q, `SELECT count(*) FROM pgscribe.dead_letters WHERE projection = 'w6' AND event_type = 'NoteAdded'
+	AND (error_message LIKE '%22001%' OR error_message ILIKE '%too long%')`)
+	missed := scalar[int64](t, q, `SELECT count(*) FROM pgscribe.dead_letters WHERE projection = 'w6' AND event_type = 'AccountClosed'`)
+	t.Logf("w6 dead letters: %d rule poison, %d integrity poison (22001), %d deletes of a missing row", rule, integrity, missed)
+	if rule == 0 || integrity == 0 {
+		t.Errorf("w6: the workload had %d rule poison and %d integrity poison events, want some of each", rule, integrity)
+	}
+}

@@ -5,21 +5,20 @@ package integration
 // transaction while readers keep querying, retire removes the old one, and
 // start_after_position adopts a replaced projector's work.
 //
-// Helpers of the package used here: newDatabase, pgscribeBinary, waitFor,
-// and srv (Restart, CanRestart). Everything else is in this file, prefixed
-// rb.
+// Built on the harness (doc.go): newDatabase, newConfig and
+// projectionKeysTOML, node, runCLI, waitFor, the accounted and sameRows
+// oracles, srv (Restart, CanRestart). What is particular to rebuilds is in
+// this file, prefixed rb.
 
 import (
 	"context"
 	"encoding/json"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"testing"
 	"time"
 
@@ -31,38 +30,25 @@ import (
 // withdrawal adds too); v2 subtracts withdrawals and counts deposits, in a
 // table whose columns differ from v1's (promote must drop and create the
 // view again).
-const (
-	rbRuleV1 = `  [[projection.rule]]
-  on    = ["Deposited", "Withdrawn"]
-  op    = "upsert"
-  table = "balances"
-  key   = { account_id = "stream_id" }
-  inc   = { balance = "data.amount" }
-`
-	rbRuleV2 = `  [[projection.rule]]
-  on    = ["Deposited", "Withdrawn"]
-  op    = "upsert"
-  table = "balances"
-  key   = { account_id = "stream_id" }
-  inc   = { balance = "type == 'Deposited' ? data.amount : -data.amount", deposits = "type == 'Deposited' ? 1 : 0" }
-`
-	// Both versions also mark every account in two tables with their
-	// version number: a statement reading both served views must see one
-	// version in both.
-	rbMarks = `  [[projection.rule]]
-  on    = "Deposited"
-  op    = "upsert"
-  table = "marks"
-  key   = { account_id = "stream_id" }
-  set   = { v = "%[1]d" }
+var (
+	rbRuleV1 = rule{name: "balance", on: "Deposited,Withdrawn", op: "upsert", table: "balances",
+		key: `account_id = "stream_id"`, inc: `balance = "data.amount"`}
+	rbRuleV2 = rule{name: "balance", on: "Deposited,Withdrawn", op: "upsert", table: "balances",
+		key: `account_id = "stream_id"`, inc: `balance = "type == 'Deposited' ? data.amount : -data.amount", deposits = "type == 'Deposited' ? 1 : 0"`}
+)
 
-  [[projection.rule]]
-  on    = "Deposited"
-  op    = "upsert"
-  table = "marks2"
-  key   = { account_id = "stream_id" }
-  set   = { v = "%[1]d" }
-`
+// rbMarks are the rules with which both versions also mark every account
+// in two tables with their version number: a statement reading both served
+// views must see one version in both.
+func rbMarks(version int) []rule {
+	set := fmt.Sprintf(`v = "%d"`, version)
+	return []rule{
+		{name: "marks", on: "Deposited", op: "upsert", table: "marks", key: `account_id = "stream_id"`, set: set},
+		{name: "marks2", on: "Deposited", op: "upsert", table: "marks2", key: `account_id = "stream_id"`, set: set},
+	}
+}
+
+const (
 	rbDDLMarks = "CREATE TABLE marks (account_id text PRIMARY KEY, v int NOT NULL);\nCREATE TABLE marks2 (account_id text PRIMARY KEY, v int NOT NULL);\n"
 
 	rbDDLV1 = "CREATE TABLE balances (account_id text PRIMARY KEY, balance bigint NOT NULL DEFAULT 0);\n"
@@ -82,23 +68,21 @@ type rbEnv struct {
 	dir    string
 	prefix string // slot_prefix, unique on the shared server
 	pool   *pgxpool.Pool
-
-	mu    sync.Mutex
-	procs []*rbProc
+	nodes  atomic.Int32 // pgscribe processes started, for their names
 }
 
 type rbVersion struct {
-	version int64
-	rule    string
+	version int
+	rule    rule
 	ddl     string
-	extra   string // more projection keys
-	marks   bool   // also the rules of rbMarks (and ddl has rbDDLMarks)
+	extra   []string // more projection keys, "key = value"
+	marks   bool     // also the rules of rbMarks (and ddl has rbDDLMarks)
 }
 
 func newRB(t *testing.T) *rbEnv {
 	t.Helper()
 	dsn := newDatabase(t)
-	e := &rbEnv{t: t, dsn: dsn, dir: t.TempDir(), prefix: fmt.Sprintf("rb%d", time.Now().UnixNano()%1_000_000_000)}
+	e := &rbEnv{t: t, dsn: dsn, dir: t.TempDir(), prefix: uniqueID("rb")}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	pool, err := pgxpool.New(ctx, dsn)
@@ -106,81 +90,43 @@ func newRB(t *testing.T) *rbEnv {
 		t.Fatal(err)
 	}
 	e.pool = pool
-	t.Cleanup(func() {
-		e.mu.Lock()
-		procs := e.procs
-		e.mu.Unlock()
-		for i, p := range procs {
-			p.kill()
-			if t.Failed() {
-				out := p.out.String()
-				t.Logf("pgscribe #%d %v, last output:\n%s", i+1, p.cmd.Args[1:], out[max(len(out)-4000, 0):])
-			}
-		}
-		pool.Close()
-	})
+	t.Cleanup(pool.Close)
 	return e
 }
 
 // config writes a configuration with the given versions of projection
-// balances (schema balances_v<N>, serve public) and returns its path.
+// balances (schema balances_v<N>, serve public, its DDL file) and returns
+// its path.
 func (e *rbEnv) config(name string, versions ...rbVersion) string {
 	e.t.Helper()
-	var b strings.Builder
-	fmt.Fprintf(&b, `[database]
-url = %q
-
-[source]
-slot_prefix = %q
-
-[engine]
-parallelism         = 2
-batch_size          = 100
-backfill_batch_size = 100
-standby_poll        = "200ms"
-lag_interval        = "200ms"
-status_interval     = "1s"
-shutdown_timeout    = "10s"
-
-[metrics]
-listen = "off"
-`, e.dsn, e.prefix)
+	c := newConfig(e.dsn, e.prefix).with("engine", map[string]string{
+		"parallelism": "2", "batch_size": "100", "backfill_batch_size": "100", "standby_poll": `"200ms"`,
+		"lag_interval": `"200ms"`, "status_interval": `"1s"`, "shutdown_timeout": `"10s"`,
+	}).set("metrics", "listen", `"off"`)
+	if err := os.MkdirAll(filepath.Join(e.dir, "sql"), 0o700); err != nil {
+		e.t.Fatal(err)
+	}
 	for _, v := range versions {
 		ddl := fmt.Sprintf("sql/balances_v%d.sql", v.version)
-		if err := os.MkdirAll(filepath.Join(e.dir, "sql"), 0o700); err != nil {
-			e.t.Fatal(err)
-		}
 		if err := os.WriteFile(filepath.Join(e.dir, ddl), []byte(v.ddl), 0o600); err != nil {
 			e.t.Fatal(err)
 		}
-		fmt.Fprintf(&b, "\n[[projection]]\nname = \"balances\"\nversion = %d\nschema = \"balances_v%d\"\nserve = \"public\"\nddl = %q\n%s\n%s",
-			v.version, v.version, ddl, v.extra, v.rule)
+		keys := append([]string{fmt.Sprintf(`schema = "balances_v%d"`, v.version), `serve = "public"`, fmt.Sprintf("ddl = %q", ddl)}, v.extra...)
+		rules := []rule{v.rule}
 		if v.marks {
-			fmt.Fprintf(&b, "\n"+rbMarks, v.version)
+			rules = append(rules, rbMarks(v.version)...)
 		}
+		c.add(projectionKeysTOML("balances", v.version, "", keys, rules...))
 	}
-	path := filepath.Join(e.dir, name)
-	if err := os.WriteFile(path, []byte(b.String()), 0o600); err != nil {
-		e.t.Fatal(err)
-	}
-	return path
+	return c.write(e.t, filepath.Join(e.dir, name))
 }
 
-// cli runs a pgscribe command to its end and returns its output and exit
-// code.
+// cli runs a pgscribe command to its end and returns its output (stdout,
+// then stderr) and exit code.
 func (e *rbEnv) cli(args ...string) (string, int) {
 	e.t.Helper()
-	cmd := exec.Command(pgscribeBinary(e.t), args...)
-	out, err := cmd.CombinedOutput()
-	code := 0
-	if err != nil {
-		ee, ok := err.(*exec.ExitError)
-		if !ok {
-			e.t.Fatalf("pgscribe %v: %v", args, err)
-		}
-		code = ee.ExitCode()
-	}
-	return string(out), code
+	r := runCLI(e.t, pgscribeBinary(e.t), args...)
+	return r.stdout + r.stderr, r.code
 }
 
 // mustCLI is cli that requires exit 0.
@@ -193,62 +139,17 @@ func (e *rbEnv) mustCLI(args ...string) string {
 	return out
 }
 
-// rbProc is a running pgscribe process.
-type rbProc struct {
-	cmd    *exec.Cmd
-	out    rbOutput
-	exited chan struct{}
-}
-
-// rbOutput is a process's combined output, written and read concurrently.
-type rbOutput struct {
-	mu  sync.Mutex
-	buf strings.Builder
-}
-
-func (o *rbOutput) Write(p []byte) (int, error) {
-	o.mu.Lock()
-	defer o.mu.Unlock()
-	return o.buf.Write(p)
-}
-
-func (o *rbOutput) String() string {
-	o.mu.Lock()
-	defer o.mu.Unlock()
-	return o.buf.String()
-}
-
-func (e *rbEnv) start(args ...string) *rbProc {
+// start starts a pgscribe command (run, or a promote to interrupt) as a
+// node of the harness: killed at the end, its output checked for races and
+// panics and shown on failure.
+func (e *rbEnv) start(args ...string) *node {
 	e.t.Helper()
-	p := &rbProc{cmd: exec.Command(pgscribeBinary(e.t), args...), exited: make(chan struct{})}
-	p.cmd.Stdout, p.cmd.Stderr = &p.out, &p.out
-	if err := p.cmd.Start(); err != nil {
-		e.t.Fatalf("start pgscribe: %v", err)
-	}
-	go func() { _ = p.cmd.Wait(); close(p.exited) }()
-	e.mu.Lock()
-	e.procs = append(e.procs, p)
-	e.mu.Unlock()
-	return p
+	n := newNode(e.t, fmt.Sprintf("pgscribe-%d", e.nodes.Add(1)), "")
+	n.args = args
+	n.noListener = true // [metrics] listen = "off"
+	n.start()
+	return n
 }
-
-func (p *rbProc) signal(sig syscall.Signal) {
-	select {
-	case <-p.exited:
-		return
-	default:
-	}
-	_ = p.cmd.Process.Signal(sig)
-	select {
-	case <-p.exited:
-	case <-time.After(30 * time.Second):
-		_ = p.cmd.Process.Kill()
-		<-p.exited
-	}
-}
-
-func (p *rbProc) kill() { p.signal(syscall.SIGKILL) }
-func (p *rbProc) stop() { p.signal(syscall.SIGTERM) }
 
 func (e *rbEnv) exec(sql string, args ...any) {
 	e.t.Helper()
@@ -261,13 +162,7 @@ func (e *rbEnv) exec(sql string, args ...any) {
 
 func (e *rbEnv) scalar(sql string, args ...any) int64 {
 	e.t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	var n int64
-	if err := e.pool.QueryRow(ctx, sql, args...).Scan(&n); err != nil {
-		e.t.Fatalf("%s: %v", sql, err)
-	}
-	return n
+	return scalar[int64](e.t, e.pool, sql, args...)
 }
 
 // seed appends perStream events to each of streams streams named
@@ -312,12 +207,18 @@ SELECT $1, coalesce(max(stream_position), 0) + 1, $2, jsonb_build_object('amount
 
 // accounted sums a version's cursors: applied + skipped + dead-lettered +
 // adopted.
-func (e *rbEnv) accounted(version int64) int64 {
-	return e.scalar(`SELECT coalesce(sum(applied + skipped + dead_lettered + adopted), 0)::bigint FROM pgscribe.cursors
-WHERE projection = 'balances' AND version = $1`, version)
+func (e *rbEnv) accounted(version int) int64 {
+	e.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	n, err := accounted(ctx, e.pool, "balances", version)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	return n
 }
 
-func (e *rbEnv) phase(version int64) string {
+func (e *rbEnv) phase(version int) string {
 	var phase string
 	err := e.pool.QueryRow(context.Background(), `SELECT phase FROM pgscribe.watermarks WHERE projection = 'balances' AND version = $1`,
 		version).Scan(&phase)
@@ -328,7 +229,7 @@ func (e *rbEnv) phase(version int64) string {
 }
 
 // waitCaughtUp waits until the version accounts for every event.
-func (e *rbEnv) waitCaughtUp(version int64, timeout time.Duration) {
+func (e *rbEnv) waitCaughtUp(version int, timeout time.Duration) {
 	e.t.Helper()
 	waitFor(e.t, timeout, fmt.Sprintf("balances v%d to account for every event", version), func() bool {
 		return e.phase(version) == "live" && e.accounted(version) == e.scalar("SELECT count(*) FROM events")
@@ -339,10 +240,7 @@ func (e *rbEnv) waitCaughtUp(version int64, timeout time.Duration) {
 // the same columns) are the same.
 func (e *rbEnv) diff(what, actual, expected string) {
 	e.t.Helper()
-	n := e.scalar(fmt.Sprintf(`SELECT count(*) FROM ((%[1]s EXCEPT ALL %[2]s) UNION ALL (%[2]s EXCEPT ALL %[1]s)) AS d`, actual, expected))
-	if n != 0 {
-		e.t.Errorf("%s: %d rows differ between %q and the expectation", what, n, actual)
-	}
+	sameRows(e.t, e.pool, what, actual, expected)
 }
 
 // served is what the served table and the view public.balances say.
@@ -368,11 +266,11 @@ func (e *rbEnv) served() rbServed {
 }
 
 // wantServed fails unless version is served and the row and the view agree.
-func (e *rbEnv) wantServed(version int64) {
+func (e *rbEnv) wantServed(version int) {
 	e.t.Helper()
 	s := e.served()
-	cols := map[int64]string{1: "account_id,balance", 2: "account_id,deposits,balance"}[version]
-	if s.row != version || !strings.HasSuffix(s.comment, fmt.Sprintf("v%d from balances_v%d.balances", version, version)) || s.columns != cols {
+	cols := map[int]string{1: "account_id,balance", 2: "account_id,deposits,balance"}[version]
+	if s.row != int64(version) || !strings.HasSuffix(s.comment, fmt.Sprintf("v%d from balances_v%d.balances", version, version)) || s.columns != cols {
 		e.t.Fatalf("want v%d served, with its view: got served row v%d, view comment %q, columns %s", version, s.row, s.comment, s.columns)
 	}
 }
@@ -618,7 +516,7 @@ func TestRebuildPromoteCrash(t *testing.T) {
 	// interrupted runs promote v2 while the served row is locked, so that
 	// the promote has swapped the views and waits to record the version;
 	// crash then ends it.
-	interrupted := func(crash func(promote *rbProc)) {
+	interrupted := func(crash func(promote *node)) {
 		t.Helper()
 		blocker, err := pgx.Connect(context.Background(), e.dsn)
 		if err != nil {
@@ -641,17 +539,20 @@ WHERE a.application_name = 'pgscribe-cli' AND NOT l.granted AND l.locktype = 'tr
 		_ = tx.Rollback(context.Background())
 	}
 
-	interrupted(func(promote *rbProc) { promote.kill() })
+	interrupted(func(promote *node) { promote.kill() })
 	e.wantServed(1)
 
 	if srv().CanRestart() {
-		interrupted(func(promote *rbProc) {
+		interrupted(func(promote *node) {
 			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 			defer cancel()
 			if err := srv().Restart(ctx, true); err != nil {
 				t.Fatalf("restart postgres: %v", err)
 			}
-			promote.kill()
+			// The promote may have ended by itself with its connection.
+			if promote.running() {
+				promote.kill()
+			}
 		})
 		e.pool.Reset()
 		e.waitFor(time.Minute, "the database back", func() bool {
@@ -679,7 +580,7 @@ func TestRebuildAdopt(t *testing.T) {
 	e.seed("acct", 50, 40)
 	// The old projector's checkpoint: a position in the middle.
 	n := e.scalar("SELECT max(position) FROM events") / 2
-	version.extra = fmt.Sprintf("start_after_position = %d\n", n)
+	version.extra = []string{fmt.Sprintf("start_after_position = %d", n)}
 	cfg = e.config("adopt.toml", version)
 	// What the old projector wrote, stopped at its checkpoint.
 	e.exec(`INSERT INTO balances_v2.balances (account_id, deposits, balance) ` +
@@ -723,4 +624,114 @@ func (e *rbEnv) waitLag(cfg string, i int, seconds float64) {
 func (e *rbEnv) waitFor(timeout time.Duration, what string, cond func() bool) {
 	e.t.Helper()
 	waitFor(e.t, timeout, what, cond)
+}
+
+// TestRebuildPromoteRefusals: promote refuses a version that is
+// backfilling, one that lags more than -max-lag and one that is halted —
+// exit 1, a message naming the reason, the served views and the served row
+// unchanged — and -force promotes the halted one, saying what it overrode.
+func TestRebuildPromoteRefusals(t *testing.T) {
+	e := newRB(t)
+	v1 := rbVersion{version: 1, rule: rbRuleV1, ddl: rbDDLV1}
+	v2 := rbVersion{version: 2, rule: rbRuleV2, ddl: rbDDLV2}
+	cfg1, cfg2, both := e.config("v1.toml", v1), e.config("v2.toml", v2), e.config("both.toml", v1, v2)
+	e.mustCLI("migrate", "-events-table", "-config", both)
+	e.seed("acct", 20, 20)
+	p1 := e.start("run", "-config", cfg1)
+	e.waitCaughtUp(1, 2*time.Minute)
+	e.mustCLI("promote", "-projection", "balances", "-version", "1", "-config", both)
+	e.wantServed(1)
+	servedRow := func() string {
+		var s string
+		if err := e.pool.QueryRow(context.Background(), "SELECT coalesce((SELECT s::text FROM pgscribe.served AS s WHERE projection = 'balances'), '')").Scan(&s); err != nil {
+			t.Fatal(err)
+		}
+		return s
+	}
+	before, beforeRow := e.served(), servedRow()
+
+	// refused runs promote v2 and wants exit 1, each of reasons in its
+	// message, none of absent, and v1 still served exactly as before.
+	refused := func(what string, reasons, absent []string, args ...string) {
+		t.Helper()
+		out, code := e.cli(append([]string{"promote", "-projection", "balances", "-version", "2", "-config", both}, args...)...)
+		t.Logf("promote of a version %s: exit %d\n%s", what, code, out)
+		if code != 1 {
+			t.Errorf("promote of a version %s: exit %d, want 1", what, code)
+		}
+		for _, r := range append(reasons, "refused", "-force overrides") {
+			if !strings.Contains(out, r) {
+				t.Errorf("promote of a version %s: the message does not say %q", what, r)
+			}
+		}
+		for _, r := range absent {
+			if strings.Contains(out, r) {
+				t.Errorf("promote of a version %s: the message says %q", what, r)
+			}
+		}
+		if got, row := e.served(), servedRow(); got != before || row != beforeRow {
+			t.Errorf("promote of a version %s changed what is served: %+v %s, was %+v %s", what, got, row, before, beforeRow)
+		}
+	}
+	// block holds a SHARE lock on v2's table, so that its upserts wait:
+	// readers still read it, v2 applies nothing until release.
+	block := func() (release func()) {
+		t.Helper()
+		conn, err := pgx.Connect(context.Background(), e.dsn)
+		if err != nil {
+			t.Fatal(err)
+		}
+		tx, err := conn.Begin(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := tx.Exec(context.Background(), "LOCK TABLE balances_v2.balances IN SHARE MODE"); err != nil {
+			t.Fatal(err)
+		}
+		return func() {
+			_ = tx.Rollback(context.Background())
+			_ = conn.Close(context.Background())
+		}
+	}
+
+	// Backfilling: v2's first batch waits on the lock.
+	release := block()
+	p2 := e.start("run", "-config", cfg2)
+	e.waitFor(time.Minute, "v2 backfilling", func() bool { return e.status(both).Projections[1].State == "backfilling" })
+	refused("that is backfilling", []string{"it is backfilling, not live"}, nil, "-max-lag", "1h")
+	release()
+	e.waitCaughtUp(2, 2*time.Minute)
+	e.waitLag(both, 1, 5)
+
+	// Lagging: live, with events it cannot apply while the lock holds.
+	release = block()
+	e.seed("acct", 5, 1)
+	e.waitFor(time.Minute, "v2 to lag more than 2s", func() bool {
+		p := e.status(both).Projections[1]
+		return p.State == "live" && p.LagSeconds != nil && *p.LagSeconds > 2
+	})
+	refused("that lags", []string{"is above 1s"}, []string{"not live", "halted"}, "-max-lag", "1s")
+	release()
+	e.waitCaughtUp(2, 2*time.Minute)
+
+	// Halted: a column its rule writes is gone (a schema mismatch halts).
+	e.exec("ALTER TABLE balances_v2.balances DROP COLUMN deposits")
+	e.seed("acct", 1, 1)
+	e.waitFor(time.Minute, "v2 halted", func() bool { return e.status(both).Projections[1].State == "halted" })
+	refused("that is halted", []string{"it is halted (", "deposits"}, nil, "-max-lag", "1h")
+
+	// -force promotes it and says what it overrode.
+	out := e.mustCLI("promote", "-projection", "balances", "-version", "2", "-max-lag", "1h", "-force", "-config", both)
+	t.Logf("promote -force:\n%s", out)
+	if !strings.Contains(out, "forced: promoting although it is halted (") || !strings.Contains(out, "served: balances v2 in schema public (before: v1") {
+		t.Errorf("promote -force did not say what it overrode and what it served:\n%s", out)
+	}
+	if s := e.served(); s.row != 2 || !strings.HasSuffix(s.comment, "v2 from balances_v2.balances") || s.columns != "account_id,balance" {
+		t.Errorf("after promote -force: %+v, want v2 served from balances_v2.balances", s)
+	}
+	if row := servedRow(); !strings.Contains(row, "(balances,2,public,") {
+		t.Errorf("pgscribe.served after promote -force: %s", row)
+	}
+	p2.kill()
+	p1.stop()
 }

@@ -2,17 +2,12 @@ package integration
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"net/url"
-	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
@@ -25,32 +20,17 @@ import (
 )
 
 // Reading your own writes (issue 17): the SQL wait functions, the progress
-// view and `pgscribe wait`, against real engines. This file keeps its own
-// small helpers (prefixed wt) and uses only newDatabase, pgscribeBinary,
-// runCLI, cliResult and cliCommand of the package's.
+// view and `pgscribe wait`, against real engines. Built on the harness
+// (doc.go): newConfig and projectionTOML, node, runCLI, waitFor; what is
+// particular to these tests is prefixed wt.
 
 // wtProjection applies NoteAdded events to notes (the row's at is the
 // event's stream position, so a stale read shows), dead-letters Bad
 // events and skips every other type.
-const wtProjection = `
-[[projection]]
-name    = "notes"
-version = 1
-
-  [[projection.rule]]
-  name  = "note"
-  on    = "NoteAdded"
-  op    = "upsert"
-  table = "notes"
-  key   = { stream = "stream_id" }
-  set   = { body = "data.body", at = "stream_position" }
-
-  [[projection.rule]]
-  name    = "bad"
-  on      = "Bad"
-  op      = "fail"
-  message = "'bad event'"
-`
+var wtProjection = projectionTOML("notes", 1, "",
+	rule{name: "note", on: "NoteAdded", op: "upsert", table: "notes", key: `stream = "stream_id"`,
+		set: `body = "data.body", at = "stream_position"`},
+	rule{name: "bad", on: "Bad", op: "fail", message: "'bad event'"})
 
 type wtEnv struct {
 	t      *testing.T
@@ -64,11 +44,7 @@ type wtEnv struct {
 func newWtEnv(t *testing.T) *wtEnv {
 	t.Helper()
 	dsn := newDatabase(t)
-	var b [4]byte
-	if _, err := rand.Read(b[:]); err != nil {
-		t.Fatal(err)
-	}
-	e := &wtEnv{t: t, dsn: dsn, bin: pgscribeBinary(t), dir: t.TempDir(), prefix: "wt" + hex.EncodeToString(b[:])}
+	e := &wtEnv{t: t, dsn: dsn, bin: pgscribeBinary(t), dir: t.TempDir(), prefix: uniqueID("wt")}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	pool, err := pgxpool.New(ctx, dsn)
@@ -77,9 +53,7 @@ func newWtEnv(t *testing.T) *wtEnv {
 	}
 	t.Cleanup(pool.Close)
 	e.pool = pool
-	if r := e.cli("migrate", "-config", e.config("node-a"), "-events-table"); r.code != 0 {
-		t.Fatalf("migrate: %s", r)
-	}
+	migrate(t, e.config("node-a"))
 	e.exec("CREATE TABLE notes (stream text PRIMARY KEY, body text NOT NULL, at bigint NOT NULL)")
 	return e
 }
@@ -89,33 +63,10 @@ func newWtEnv(t *testing.T) *wtEnv {
 // depend on them.
 func (e *wtEnv) config(node string) string {
 	e.t.Helper()
-	body := fmt.Sprintf(`[database]
-url = %q
-
-[source]
-slot_prefix = %q
-
-[engine]
-node          = %q
-parallelism   = 2
-standby_poll  = "200ms"
-lease_timeout = "5s"
-
-[retry]
-backoff     = "50ms"
-max_backoff = "500ms"
-
-[metrics]
-listen = "127.0.0.1:0"
-
-[log]
-format = "json"
-%s`, e.dsn, e.prefix, node, wtProjection)
-	path := filepath.Join(e.dir, node+".toml")
-	if err := os.WriteFile(path, []byte(body), 0o600); err != nil {
-		e.t.Fatal(err)
-	}
-	return path
+	return newConfig(e.dsn, e.prefix).with("engine", map[string]string{
+		"node": fmt.Sprintf("%q", node), "parallelism": "2", "standby_poll": `"200ms"`, "lease_timeout": `"5s"`,
+	}).with("retry", map[string]string{"backoff": `"50ms"`, "max_backoff": `"500ms"`}).
+		add(wtProjection).write(e.t, filepath.Join(e.dir, node+".toml"))
 }
 
 func (e *wtEnv) exec(sql string, args ...any) {
@@ -143,63 +94,11 @@ func (e *wtEnv) cli(args ...string) cliResult {
 	return runCLI(e.t, e.bin, args...)
 }
 
-// wtNode is a running `pgscribe run`.
-type wtNode struct {
-	name string
-	cmd  *exec.Cmd
-	done chan struct{}
-}
-
-func (e *wtEnv) start(node string) *wtNode {
+// start starts `pgscribe run` as node name, a harness node (killed at
+// the end, output checked for races and panics, shown on failure).
+func (e *wtEnv) start(name string) *node {
 	e.t.Helper()
-	logPath := filepath.Join(e.dir, node+".log")
-	f, err := os.OpenFile(logPath, os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o600)
-	if err != nil {
-		e.t.Fatal(err)
-	}
-	cmd := cliCommand(context.Background(), e.bin, "run", "-config", e.config(node))
-	cmd.Stdout, cmd.Stderr = f, f
-	if err := cmd.Start(); err != nil {
-		f.Close()
-		e.t.Fatalf("start %s: %v", node, err)
-	}
-	n := &wtNode{name: node, cmd: cmd, done: make(chan struct{})}
-	go func() {
-		_ = cmd.Wait()
-		f.Close()
-		close(n.done)
-	}()
-	e.t.Cleanup(func() {
-		n.kill()
-		if e.t.Failed() {
-			b, _ := os.ReadFile(logPath)
-			e.t.Logf("%s log:\n%s", node, b)
-		}
-	})
-	return n
-}
-
-// kill sends SIGKILL and waits for the process to end.
-func (n *wtNode) kill() {
-	select {
-	case <-n.done:
-		return
-	default:
-	}
-	_ = n.cmd.Process.Signal(syscall.SIGKILL)
-	<-n.done
-}
-
-// eventually polls cond every 20 ms until it holds or timeout passes.
-func (e *wtEnv) eventually(timeout time.Duration, what string, cond func() bool) {
-	e.t.Helper()
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			e.t.Fatalf("timed out after %s waiting for %s", timeout, what)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	return startNode(e.t, name, e.config(name))
 }
 
 // waitLive waits until the progress view shows the version live and
@@ -207,7 +106,7 @@ func (e *wtEnv) eventually(timeout time.Duration, what string, cond func() bool)
 func (e *wtEnv) waitLive() string {
 	e.t.Helper()
 	var node string
-	e.eventually(2*time.Minute, "notes v1 live in pgscribe.progress", func() bool {
+	waitFor(e.t, 2*time.Minute, "notes v1 live in pgscribe.progress", func() bool {
 		var state string
 		var active *string
 		e.scan(`SELECT coalesce((SELECT state FROM pgscribe.progress WHERE projection = 'notes' AND version = 1), ''),
@@ -402,7 +301,7 @@ func TestWaitOutcomesAndTimeouts(t *testing.T) {
 	// The progress view.
 	var state, wm string
 	var backlog *int64
-	e.eventually(time.Minute, "a measured backlog in pgscribe.progress", func() bool {
+	waitFor(e.t, time.Minute, "a measured backlog in pgscribe.progress", func() bool {
 		e.scan(`SELECT state, watermark_lsn::text, backlog_events FROM pgscribe.progress
 WHERE projection = 'notes' AND version = 1`, nil, &state, &wm, &backlog)
 		return backlog != nil && *backlog == 0
@@ -524,7 +423,7 @@ func TestWaitReadOnlyRoleGrants(t *testing.T) {
 // standby took over and applied it.
 func TestWaitAcrossFailover(t *testing.T) {
 	e := newWtEnv(t)
-	nodes := map[string]*wtNode{"node-a": e.start("node-a")}
+	nodes := map[string]*node{"node-a": e.start("node-a")}
 	active := e.waitLive()
 	other := "node-b"
 	if active == "node-b" {

@@ -414,6 +414,13 @@ func (r *rig) waitCaughtUp(timeout time.Duration) {
 //   - dead_letters holds exactly one row per event that must be
 //     dead-lettered, and sum(dead_lettered) equals its row count;
 //   - the read model equals the one computed from the events table.
+func (r *rig) verify() {
+	r.t.Helper()
+	for _, p := range r.projs {
+		verifyProjection(r.t, r.pool, p)
+	}
+}
+
 // verifyCLI runs `pgscribe verify` on every projection of the rig: an
 // oracle of its own, besides verify's SQL expectations.
 func (r *rig) verifyCLI() {
@@ -423,55 +430,48 @@ func (r *rig) verifyCLI() {
 	}
 }
 
-func (r *rig) verify() {
-	r.t.Helper()
+// verifyProjection checks p exactly against its oracles (see rig.verify),
+// through q, which sees the events table and pgscribe's schema.
+func verifyProjection(t *testing.T, q querier, p coreProjection) {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	events := r.eventCount(ctx)
-	for _, p := range r.projs {
-		accounted, err := r.accounted(ctx, p)
-		if err != nil {
-			r.t.Fatal(err)
-		}
-		if accounted != events {
-			r.t.Errorf("%s: conservation: %d events, cursors account for %d", p.name, events, accounted)
-		}
-		r.diff(ctx, p.name+": per-stream cursors and outcomes",
-			`SELECT stream_id, max(stream_position) AS stream_position, max(position) AS position,
-				count(*) FILTER (WHERE o = 'applied') AS applied,
-				count(*) FILTER (WHERE o = 'skipped') AS skipped,
-				count(*) FILTER (WHERE o = 'dead') AS dead_lettered
-			FROM (SELECT stream_id, stream_position, position, `+p.outcome+` AS o FROM events) e
-			GROUP BY stream_id`,
-			`SELECT stream_id, stream_position, position, applied, skipped, dead_lettered
-			FROM pgscribe.cursors WHERE projection = $1 AND version = $2`,
-			p.name, p.version)
-		r.diff(ctx, p.name+": dead letters",
-			`SELECT id::text, position, stream_id, stream_position, type FROM events WHERE `+p.outcome+` = 'dead'`,
-			`SELECT event_id, position, stream_id, stream_position, event_type FROM pgscribe.dead_letters
-			WHERE projection = $1 AND version = $2`,
-			p.name, p.version)
-		var rows, counted int64
-		err = r.pool.QueryRow(ctx, `SELECT
-			(SELECT count(*) FROM pgscribe.dead_letters WHERE projection = $1 AND version = $2),
-			(SELECT coalesce(sum(dead_lettered), 0)::bigint FROM pgscribe.cursors WHERE projection = $1 AND version = $2)`,
-			p.name, p.version).Scan(&rows, &counted)
-		if err != nil {
-			r.t.Fatal(err)
-		}
-		if rows != counted {
-			r.t.Errorf("%s: %d dead_letters rows, cursors count %d dead-lettered events", p.name, rows, counted)
-		}
-		r.diff(ctx, p.name+": read model", p.expected, p.actual)
-		r.t.Logf("%s v%d exact: %d events accounted, %d dead letters", p.name, p.version, accounted, rows)
+	events := scalar[int64](t, q, "SELECT count(*) FROM events")
+	n, err := accounted(ctx, q, p.name, p.version)
+	if err != nil {
+		t.Fatal(err)
 	}
-}
-
-// diff fails t when the rows of the expected and actual queries (which
-// share args) differ.
-func (r *rig) diff(_ context.Context, what, expected, actual string, args ...any) {
-	r.t.Helper()
-	sameRows(r.t, r.pool, what, actual, expected, args...)
+	if n != events {
+		t.Errorf("%s: conservation: %d events, cursors account for %d", p.name, events, n)
+	}
+	sameRows(t, q, p.name+": per-stream cursors and outcomes",
+		`SELECT stream_id, stream_position, position, applied, skipped, dead_lettered
+		FROM pgscribe.cursors WHERE projection = $1 AND version = $2`,
+		`SELECT stream_id, max(stream_position) AS stream_position, max(position) AS position,
+			count(*) FILTER (WHERE o = 'applied') AS applied,
+			count(*) FILTER (WHERE o = 'skipped') AS skipped,
+			count(*) FILTER (WHERE o = 'dead') AS dead_lettered
+		FROM (SELECT stream_id, stream_position, position, `+p.outcome+` AS o FROM events) e
+		GROUP BY stream_id`,
+		p.name, p.version)
+	sameRows(t, q, p.name+": dead letters",
+		`SELECT event_id, position, stream_id, stream_position, event_type FROM pgscribe.dead_letters
+		WHERE projection = $1 AND version = $2`,
+		`SELECT id::text, position, stream_id, stream_position, type FROM events WHERE `+p.outcome+` = 'dead'`,
+		p.name, p.version)
+	var rows, counted int64
+	err = q.QueryRow(ctx, `SELECT
+		(SELECT count(*) FROM pgscribe.dead_letters WHERE projection = $1 AND version = $2),
+		(SELECT coalesce(sum(dead_lettered), 0)::bigint FROM pgscribe.cursors WHERE projection = $1 AND version = $2)`,
+		p.name, p.version).Scan(&rows, &counted)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rows != counted {
+		t.Errorf("%s: %d dead_letters rows, cursors count %d dead-lettered events", p.name, rows, counted)
+	}
+	sameRows(t, q, p.name+": read model", p.actual, p.expected)
+	t.Logf("%s v%d exact: %d events accounted, %d dead letters", p.name, p.version, n, rows)
 }
 
 // outOfOrderCommits counts events committed before an event of lower
@@ -923,10 +923,11 @@ func (r *rig) brokenProcess() string {
 // newLoadRig is the start of the load tests: a rig running balances and
 // activity, seeded with streams × perStream events, and an appender (not
 // started) over streams+extra streams pausing pause between transactions.
-// rng is the test's random source: stream k of the logged seed.
-func newLoadRig(t *testing.T, streams, perStream, extra int, pause time.Duration, k uint64) (r *rig, a *appender, seed uint64, rng *rand.Rand) {
+// rng is the test's random source: stream k of the logged seed. more are
+// projections run beside balances and activity.
+func newLoadRig(t *testing.T, streams, perStream, extra int, pause time.Duration, k uint64, more ...coreProjection) (r *rig, a *appender, seed uint64, rng *rand.Rand) {
 	t.Helper()
-	r = newRig(t, []coreProjection{balancesProjection(), activityProjection()}, nil)
+	r = newRig(t, append([]coreProjection{balancesProjection(), activityProjection()}, more...), nil)
 	seed = seedFromEnv(t)
 	r.seed(streams, perStream)
 	return r, newAppender(r, streams+extra, pause), seed, rand.New(rand.NewPCG(seed, k))
