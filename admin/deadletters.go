@@ -31,19 +31,27 @@ const messageWidth = 60
 // line (JSON lines) with the event's data and metadata, so a script pages
 // with the last id it read.
 func ListDeadLetters(ctx context.Context, cfg *config.Config, f deadletter.Filter, asJSON bool, w io.Writer) error {
+	return withTarget(ctx, cfg, func(conn *pgx.Conn, schema string) error {
+		rows, err := deadletter.List(ctx, conn, schema, f)
+		if err != nil {
+			return err
+		}
+		if asJSON {
+			return writeDeadLettersJSON(w, rows)
+		}
+		return writeDeadLettersText(w, rows, f.Limit)
+	})
+}
+
+// withTarget runs fn on a connection to the migrated target database (see
+// openTarget), closed when fn returns, with the engine schema.
+func withTarget(ctx context.Context, cfg *config.Config, fn func(conn *pgx.Conn, schema string) error) error {
 	conn, err := openTarget(ctx, cfg)
 	if err != nil {
 		return err
 	}
 	defer conn.Close(context.WithoutCancel(ctx))
-	rows, err := deadletter.List(ctx, conn, cfg.Engine.Schema, f)
-	if err != nil {
-		return err
-	}
-	if asJSON {
-		return writeDeadLettersJSON(w, rows)
-	}
-	return writeDeadLettersText(w, rows, f.Limit)
+	return fn(conn, cfg.Engine.Schema)
 }
 
 // openTarget connects to the target database, whose engine schema must be
@@ -150,19 +158,16 @@ func tail(s string, width int) string {
 // and Limit are ignored): the total, the oldest and newest, and counts by
 // error kind and by projection version.
 func DeadLetterStats(ctx context.Context, cfg *config.Config, f deadletter.Filter, asJSON bool, w io.Writer) error {
-	conn, err := openTarget(ctx, cfg)
-	if err != nil {
-		return err
-	}
-	defer conn.Close(context.WithoutCancel(ctx))
-	st, err := deadletter.GetStats(ctx, conn, cfg.Engine.Schema, f)
-	if err != nil {
-		return err
-	}
-	if asJSON {
-		return writeStatsJSON(w, st)
-	}
-	return writeStatsText(w, st)
+	return withTarget(ctx, cfg, func(conn *pgx.Conn, schema string) error {
+		st, err := deadletter.GetStats(ctx, conn, schema, f)
+		if err != nil {
+			return err
+		}
+		if asJSON {
+			return writeStatsJSON(w, st)
+		}
+		return writeStatsText(w, st)
+	})
 }
 
 // statsJSON is the -json form of the stats: the lists are never null.

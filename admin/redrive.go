@@ -66,36 +66,32 @@ func versionsOf(ctx context.Context, q deadletter.Querier, schema string, f dead
 // RetryDeadLetters retries the selected dead letters (see the file
 // comment) and writes what became of them to w.
 func RetryDeadLetters(ctx context.Context, cfg *config.Config, o RetryOptions, w io.Writer) error {
-	conn, err := openTarget(ctx, cfg)
-	if err != nil {
-		return err
-	}
-	defer conn.Close(context.WithoutCancel(ctx))
-	schema := cfg.Engine.Schema
-	versions, err := versionsOf(ctx, conn, schema, o.Filter, w)
-	if err != nil {
-		return err
-	}
-	for _, v := range versions {
-		name := fmt.Sprintf("%s v%d", v.Projection, v.Version)
-		prog := programOf(cfg, o.Programs, v.Projection, v.Version)
-		if prog == nil {
-			fmt.Fprintf(w, "%s: not configured here: its %d dead letter(s) are left alone\n", name, v.Count)
-			continue
-		}
-		f := o.Filter
-		f.Projection, f.Version = v.Projection, v.Version
-		if o.DryRun && !o.Skip {
-			if err := dryRun(ctx, conn, schema, f, prog, w); err != nil {
-				return err
-			}
-			continue
-		}
-		if err := retryVersion(ctx, conn, cfg, f, o.Skip, v.Count, w); err != nil {
+	return withTarget(ctx, cfg, func(conn *pgx.Conn, schema string) error {
+		versions, err := versionsOf(ctx, conn, schema, o.Filter, w)
+		if err != nil {
 			return err
 		}
-	}
-	return nil
+		for _, v := range versions {
+			name := fmt.Sprintf("%s v%d", v.Projection, v.Version)
+			prog := programOf(cfg, o.Programs, v.Projection, v.Version)
+			if prog == nil {
+				fmt.Fprintf(w, "%s: not configured here: its %d dead letter(s) are left alone\n", name, v.Count)
+				continue
+			}
+			f := o.Filter
+			f.Projection, f.Version = v.Projection, v.Version
+			if o.DryRun && !o.Skip {
+				if err := dryRun(ctx, conn, schema, f, prog, w); err != nil {
+					return err
+				}
+				continue
+			}
+			if err := retryVersion(ctx, conn, cfg, f, o.Skip, v.Count, w); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
 }
 
 func programOf(cfg *config.Config, progs []*rules.Program, name string, version int64) *rules.Program {
@@ -227,64 +223,60 @@ type DiscardOptions struct {
 // DiscardDeadLetters drops the selected dead letters (see the file
 // comment), or without Yes prints what it would drop.
 func DiscardDeadLetters(ctx context.Context, cfg *config.Config, o DiscardOptions, w io.Writer) error {
-	conn, err := openTarget(ctx, cfg)
-	if err != nil {
-		return err
-	}
-	defer conn.Close(context.WithoutCancel(ctx))
-	schema := cfg.Engine.Schema
-	versions, err := versionsOf(ctx, conn, schema, o.Filter, w)
-	if err != nil || len(versions) == 0 {
-		return err
-	}
-	for _, v := range versions {
-		// A parked stream waits for its dead letter: dropping the row
-		// alone would leave it parked for good.
-		if spec, ok := specOf(cfg, v.Projection, v.Version); ok && spec.OnError == rules.OnErrorPark {
-			return usageErrorf("%s v%d parks streams (on_error = \"park\"): use pgscribe deadletters skip, which drops the dead letters and releases their streams", v.Projection, v.Version)
-		}
-	}
-	if !o.Yes {
-		for _, v := range versions {
-			fmt.Fprintf(w, "would discard %d dead letter(s) of %s v%d (counted as skipped in their cursors)\n", v.Count, v.Projection, v.Version)
-		}
-		return ErrDiscardNotConfirmed
-	}
-	var gone []deadletter.Discarded
-	err = pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
-		var err error
-		if gone, err = deadletter.Discard(ctx, tx, schema, o.Filter); err != nil {
+	return withTarget(ctx, cfg, func(conn *pgx.Conn, schema string) error {
+		versions, err := versionsOf(ctx, conn, schema, o.Filter, w)
+		if err != nil || len(versions) == 0 {
 			return err
 		}
-		for _, d := range gone {
-			if err := cursor.Move(ctx, tx, schema, d.Projection, d.Version, d.StreamID, cursor.OutDeadLettered, cursor.OutSkipped, d.Count); err != nil {
+		for _, v := range versions {
+			// A parked stream waits for its dead letter: dropping the row
+			// alone would leave it parked for good.
+			if spec, ok := specOf(cfg, v.Projection, v.Version); ok && spec.OnError == rules.OnErrorPark {
+				return usageErrorf("%s v%d parks streams (on_error = \"park\"): use pgscribe deadletters skip, which drops the dead letters and releases their streams", v.Projection, v.Version)
+			}
+		}
+		if !o.Yes {
+			for _, v := range versions {
+				fmt.Fprintf(w, "would discard %d dead letter(s) of %s v%d (counted as skipped in their cursors)\n", v.Count, v.Projection, v.Version)
+			}
+			return ErrDiscardNotConfirmed
+		}
+		var gone []deadletter.Discarded
+		err = pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
+			var err error
+			if gone, err = deadletter.Discard(ctx, tx, schema, o.Filter); err != nil {
 				return err
 			}
+			for _, d := range gone {
+				if err := cursor.Move(ctx, tx, schema, d.Projection, d.Version, d.StreamID, cursor.OutDeadLettered, cursor.OutSkipped, d.Count); err != nil {
+					return err
+				}
+			}
+			return nil
+		})
+		if err != nil {
+			return err
+		}
+		if len(gone) == 0 {
+			_, err := fmt.Fprintln(w, "no dead letters match")
+			return err
+		}
+		type key struct {
+			p string
+			v int64
+		}
+		var order []key
+		totals := map[key]int64{}
+		for _, d := range gone {
+			k := key{d.Projection, d.Version}
+			if _, ok := totals[k]; !ok {
+				order = append(order, k)
+			}
+			totals[k] += d.Count
+		}
+		for _, k := range order {
+			fmt.Fprintf(w, "discarded %d dead letter(s) of %s v%d (now counted as skipped)\n", totals[k], k.p, k.v)
 		}
 		return nil
 	})
-	if err != nil {
-		return err
-	}
-	if len(gone) == 0 {
-		_, err := fmt.Fprintln(w, "no dead letters match")
-		return err
-	}
-	type key struct {
-		p string
-		v int64
-	}
-	var order []key
-	totals := map[key]int64{}
-	for _, d := range gone {
-		k := key{d.Projection, d.Version}
-		if _, ok := totals[k]; !ok {
-			order = append(order, k)
-		}
-		totals[k] += d.Count
-	}
-	for _, k := range order {
-		fmt.Fprintf(w, "discarded %d dead letter(s) of %s v%d (now counted as skipped)\n", totals[k], k.p, k.v)
-	}
-	return nil
 }

@@ -76,42 +76,38 @@ type resetPlan struct {
 // not be configured any more: resetting an old version is how its slot stops
 // retaining WAL.
 func Reset(ctx context.Context, cfg *config.Config, o ResetOptions, w io.Writer) error {
-	c, err := connectMigrated(ctx, cfg)
-	if err != nil {
-		return err
-	}
-	defer c.close(ctx)
-	schema := cfg.Engine.Schema
+	return withMigrated(ctx, cfg, func(c *conns, schema string) error {
 
-	held, plan, err := lockAndPlan(ctx, cfg, c, "reset", o.Projection, o.Version, o.Yes)
-	if held != nil {
-		defer held.Release(ctx)
-	}
-	if err != nil {
-		return err
-	}
-	if plan.empty(o.DeadLetters) {
-		_, err := fmt.Fprint(w, plan.text(false, o.DeadLetters))
-		return err
-	}
-	if !o.Yes {
-		if _, err := fmt.Fprint(w, plan.text(false, o.DeadLetters)); err != nil {
+		held, plan, err := lockAndPlan(ctx, cfg, c, "reset", o.Projection, o.Version, o.Yes)
+		if held != nil {
+			defer held.Release(ctx)
+		}
+		if err != nil {
 			return err
 		}
-		return fmt.Errorf("reset %s v%d: %w", o.Projection, o.Version, ErrNotConfirmed)
-	}
-
-	err = pgx.BeginFunc(ctx, c.target, func(tx pgx.Tx) error { return plan.clear(ctx, tx, held, schema, o.DeadLetters) })
-	if err != nil {
-		return fmt.Errorf("reset %s v%d: %w", o.Projection, o.Version, err)
-	}
-	if plan.slotExists {
-		if err := replication.DropSlot(ctx, c.source, plan.slot); err != nil {
-			return fmt.Errorf("reset %s v%d: cursors and watermark deleted, but: %w (run reset again)", o.Projection, o.Version, err)
+		if plan.empty(o.DeadLetters) {
+			_, err := fmt.Fprint(w, plan.text(false, o.DeadLetters))
+			return err
 		}
-	}
-	_, err = fmt.Fprint(w, plan.text(true, o.DeadLetters))
-	return err
+		if !o.Yes {
+			if _, err := fmt.Fprint(w, plan.text(false, o.DeadLetters)); err != nil {
+				return err
+			}
+			return fmt.Errorf("reset %s v%d: %w", o.Projection, o.Version, ErrNotConfirmed)
+		}
+
+		err = pgx.BeginFunc(ctx, c.target, func(tx pgx.Tx) error { return plan.clear(ctx, tx, held, schema, o.DeadLetters) })
+		if err != nil {
+			return fmt.Errorf("reset %s v%d: %w", o.Projection, o.Version, err)
+		}
+		if plan.slotExists {
+			if err := replication.DropSlot(ctx, c.source, plan.slot); err != nil {
+				return fmt.Errorf("reset %s v%d: cursors and watermark deleted, but: %w (run reset again)", o.Projection, o.Version, err)
+			}
+		}
+		_, err = fmt.Fprint(w, plan.text(true, o.DeadLetters))
+		return err
+	})
 }
 
 // lockAndPlan takes the version's lock as takeVersion does and then reads

@@ -47,91 +47,87 @@ type RetireOptions struct {
 // (wrapped) for the served version and ErrActive (wrapped) while an engine
 // runs it.
 func Retire(ctx context.Context, cfg *config.Config, o RetireOptions, w io.Writer) error {
-	c, err := connectMigrated(ctx, cfg)
-	if err != nil {
-		return err
-	}
-	defer c.close(ctx)
-	schema := cfg.Engine.Schema
-	fail := func(err error) error { return fmt.Errorf("retire %s v%d: %w", o.Projection, o.Version, err) }
-	served, err := loadServed(ctx, c.target, schema)
-	if err != nil {
-		return err
-	}
-	if s, ok := served[o.Projection]; ok && s.Version == o.Version {
-		return fail(fmt.Errorf("%w: it is the served version (in schema %s); promote another version first", ErrRefused, s.ServeSchema))
-	}
-	versionSchema, err := retireSchema(ctx, c.target, cfg, schema, o)
-	if err != nil {
-		return err
-	}
-	if o.DropSchema {
-		if versionSchema == "" {
-			return fail(fmt.Errorf("%w: -drop-schema, but the version has no schema of its own (none configured, none recorded by migrate)", ErrRefused))
-		}
-		if slices.ContainsFunc(cfg.Projections, func(s rules.Spec) bool {
-			return s.Schema == versionSchema && !(s.Name == o.Projection && s.Version == o.Version)
-		}) {
-			return fail(fmt.Errorf("%w: schema %s is configured for another projection version", ErrRefused, versionSchema))
-		}
-		deps, err := dependentsOutside(ctx, c.target, versionSchema)
+	return withMigrated(ctx, cfg, func(c *conns, schema string) error {
+		fail := func(err error) error { return fmt.Errorf("retire %s v%d: %w", o.Projection, o.Version, err) }
+		served, err := loadServed(ctx, c.target, schema)
 		if err != nil {
 			return err
 		}
-		if len(deps) > 0 {
-			return fail(fmt.Errorf("%w: objects outside schema %s depend on it: %s (promote the version that should serve, or drop them)",
-				ErrRefused, versionSchema, strings.Join(deps, ", ")))
+		if s, ok := served[o.Projection]; ok && s.Version == o.Version {
+			return fail(fmt.Errorf("%w: it is the served version (in schema %s); promote another version first", ErrRefused, s.ServeSchema))
 		}
-	}
-
-	held, plan, err := lockAndPlan(ctx, cfg, c, "retire", o.Projection, o.Version, true)
-	if held != nil {
-		defer held.Release(ctx)
-	}
-	if err != nil {
-		return err
-	}
-	err = pgx.BeginFunc(ctx, c.target, func(tx pgx.Tx) error {
-		if err := plan.clear(ctx, tx, held, schema, true); err != nil {
+		versionSchema, err := retireSchema(ctx, c.target, cfg, schema, o)
+		if err != nil {
 			return err
 		}
-		if _, err := tx.Exec(ctx, "DELETE FROM "+pgx.Identifier{schema, "read_models"}.Sanitize()+
-			" WHERE projection = $1 AND version = $2", o.Projection, o.Version); err != nil {
-			return fmt.Errorf("delete read-model record: %w", err)
-		}
 		if o.DropSchema {
-			if _, err := tx.Exec(ctx, "DROP SCHEMA IF EXISTS "+pgx.Identifier{versionSchema}.Sanitize()+" CASCADE"); err != nil {
-				return fmt.Errorf("drop schema %s: %w", versionSchema, err)
+			if versionSchema == "" {
+				return fail(fmt.Errorf("%w: -drop-schema, but the version has no schema of its own (none configured, none recorded by migrate)", ErrRefused))
+			}
+			if slices.ContainsFunc(cfg.Projections, func(s rules.Spec) bool {
+				return s.Schema == versionSchema && !(s.Name == o.Projection && s.Version == o.Version)
+			}) {
+				return fail(fmt.Errorf("%w: schema %s is configured for another projection version", ErrRefused, versionSchema))
+			}
+			deps, err := dependentsOutside(ctx, c.target, versionSchema)
+			if err != nil {
+				return err
+			}
+			if len(deps) > 0 {
+				return fail(fmt.Errorf("%w: objects outside schema %s depend on it: %s (promote the version that should serve, or drop them)",
+					ErrRefused, versionSchema, strings.Join(deps, ", ")))
 			}
 		}
-		return held.Forget(ctx, tx)
-	})
-	if err != nil {
-		return fail(err)
-	}
-	if plan.slotExists {
-		if err := replication.DropSlot(ctx, c.source, plan.slot); err != nil {
-			return fail(fmt.Errorf("state deleted, but: %w (run retire again)", err))
-		}
-	}
 
-	fmt.Fprintf(w, "retired %s v%d:\n", o.Projection, o.Version)
-	if plan.slotExists {
-		fmt.Fprintf(w, "  dropped replication slot %q\n", plan.slot)
-	} else {
-		fmt.Fprintf(w, "  no replication slot %q to drop\n", plan.slot)
-	}
-	fmt.Fprintf(w, "  deleted %d stream cursors, the watermark, %d dead letters and the lease\n", plan.cursors.Streams, plan.dead)
-	switch {
-	case o.DropSchema:
-		fmt.Fprintf(w, "  dropped schema %s and its tables\n", versionSchema)
-	case versionSchema != "":
-		fmt.Fprintf(w, "  kept schema %s (-drop-schema drops it)\n", versionSchema)
-	}
-	if plan.configured {
-		fmt.Fprintf(w, "  it is still in %s: remove it, or the next pgscribe run builds it again\n", cfg.Path)
-	}
-	return nil
+		held, plan, err := lockAndPlan(ctx, cfg, c, "retire", o.Projection, o.Version, true)
+		if held != nil {
+			defer held.Release(ctx)
+		}
+		if err != nil {
+			return err
+		}
+		err = pgx.BeginFunc(ctx, c.target, func(tx pgx.Tx) error {
+			if err := plan.clear(ctx, tx, held, schema, true); err != nil {
+				return err
+			}
+			if _, err := tx.Exec(ctx, "DELETE FROM "+pgx.Identifier{schema, "read_models"}.Sanitize()+
+				" WHERE projection = $1 AND version = $2", o.Projection, o.Version); err != nil {
+				return fmt.Errorf("delete read-model record: %w", err)
+			}
+			if o.DropSchema {
+				if _, err := tx.Exec(ctx, "DROP SCHEMA IF EXISTS "+pgx.Identifier{versionSchema}.Sanitize()+" CASCADE"); err != nil {
+					return fmt.Errorf("drop schema %s: %w", versionSchema, err)
+				}
+			}
+			return held.Forget(ctx, tx)
+		})
+		if err != nil {
+			return fail(err)
+		}
+		if plan.slotExists {
+			if err := replication.DropSlot(ctx, c.source, plan.slot); err != nil {
+				return fail(fmt.Errorf("state deleted, but: %w (run retire again)", err))
+			}
+		}
+
+		fmt.Fprintf(w, "retired %s v%d:\n", o.Projection, o.Version)
+		if plan.slotExists {
+			fmt.Fprintf(w, "  dropped replication slot %q\n", plan.slot)
+		} else {
+			fmt.Fprintf(w, "  no replication slot %q to drop\n", plan.slot)
+		}
+		fmt.Fprintf(w, "  deleted %d stream cursors, the watermark, %d dead letters and the lease\n", plan.cursors.Streams, plan.dead)
+		switch {
+		case o.DropSchema:
+			fmt.Fprintf(w, "  dropped schema %s and its tables\n", versionSchema)
+		case versionSchema != "":
+			fmt.Fprintf(w, "  kept schema %s (-drop-schema drops it)\n", versionSchema)
+		}
+		if plan.configured {
+			fmt.Fprintf(w, "  it is still in %s: remove it, or the next pgscribe run builds it again\n", cfg.Path)
+		}
+		return nil
+	})
 }
 
 // retireSchema is the version's schema: configured, else recorded by

@@ -218,6 +218,17 @@ func connectCLI(ctx context.Context, url string) (*pgx.Conn, error) {
 	return pgx.ConnectConfig(ctx, cfg)
 }
 
+// withMigrated runs fn on the connections of connectMigrated, closed when
+// fn returns, with the engine schema.
+func withMigrated(ctx context.Context, cfg *config.Config, fn func(c *conns, schema string) error) error {
+	c, err := connectMigrated(ctx, cfg)
+	if err != nil {
+		return err
+	}
+	defer c.close(ctx)
+	return fn(c, cfg.Engine.Schema)
+}
+
 // connectMigrated connects as connect does and verifies that the engine
 // schema is migrated, for the commands that read or change its tables.
 func connectMigrated(ctx context.Context, cfg *config.Config) (*conns, error) {

@@ -235,15 +235,7 @@ func List(ctx context.Context, q Querier, schema string, f Filter) ([]Row, error
 	sql := `SELECT ` + rowColumns + `
 FROM ` + pgx.Identifier{schema, "dead_letters"}.Sanitize() + where +
 		" ORDER BY id LIMIT $" + strconv.Itoa(len(args))
-	rows, err := q.Query(ctx, sql, args...)
-	if err != nil {
-		return nil, fmt.Errorf("list dead letters: %w", err)
-	}
-	out, err := scanRows(rows)
-	if err != nil {
-		return nil, fmt.Errorf("list dead letters: %w", err)
-	}
-	return out, nil
+	return queryRows(ctx, q, "list dead letters", sql, args...)
 }
 
 // rowColumns are the columns scanRows reads, in its order.
@@ -251,6 +243,20 @@ const rowColumns = `id, projection, version, position, event_id, stream_id, stre
   error_kind, error_message, event_data::text, event_metadata::text, occurred_at, dead_lettered_at`
 
 // scanRows reads rows of rowColumns.
+// queryRows runs a query of the columns scanRows reads and scans its rows;
+// what says in errors which read failed.
+func queryRows(ctx context.Context, q Querier, what, sql string, args ...any) ([]Row, error) {
+	rows, err := q.Query(ctx, sql, args...)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", what, err)
+	}
+	out, err := scanRows(rows)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", what, err)
+	}
+	return out, nil
+}
+
 func scanRows(rows pgx.Rows) ([]Row, error) {
 	defer rows.Close()
 	var out []Row

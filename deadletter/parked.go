@@ -30,18 +30,10 @@ FROM unnest($1::text[], $2::bigint[], $3::bigint[], $4::text[], $5::text[], $6::
 // Held returns up to limit events a stream holds, in stream order (ID,
 // ErrorKind, ErrorMessage and DeadLetteredAt are zero).
 func Held(ctx context.Context, q Querier, schema, projection string, version int64, streamID string, limit int) ([]Row, error) {
-	rows, err := q.Query(ctx, `SELECT 0::bigint, projection, version, position, event_id, stream_id, stream_position, event_type,
+	return queryRows(ctx, q, "read parked events", `SELECT 0::bigint, projection, version, position, event_id, stream_id, stream_position, event_type,
   '', '', event_data::text, event_metadata::text, occurred_at, parked_at
 FROM `+pgx.Identifier{schema, "parked_events"}.Sanitize()+`
 WHERE projection = $1 AND version = $2 AND stream_id = $3 ORDER BY stream_position LIMIT $4`, projection, version, streamID, limit)
-	if err != nil {
-		return nil, fmt.Errorf("read parked events: %w", err)
-	}
-	out, err := scanRows(rows)
-	if err != nil {
-		return nil, fmt.Errorf("read parked events: %w", err)
-	}
-	return out, nil
 }
 
 // Unhold deletes one held event; false when it was gone already.

@@ -28,16 +28,8 @@ func StreamOrder(ctx context.Context, q Querier, schema string, f Filter, after 
 	} else {
 		where += " AND " + page
 	}
-	rows, err := q.Query(ctx, `SELECT `+rowColumns+` FROM `+pgx.Identifier{schema, "dead_letters"}.Sanitize()+where+
+	return queryRows(ctx, q, "read dead letters", `SELECT `+rowColumns+` FROM `+pgx.Identifier{schema, "dead_letters"}.Sanitize()+where+
 		" ORDER BY stream_id, stream_position, id LIMIT $"+strconv.Itoa(n), args...)
-	if err != nil {
-		return nil, fmt.Errorf("read dead letters: %w", err)
-	}
-	out, err := scanRows(rows)
-	if err != nil {
-		return nil, fmt.Errorf("read dead letters: %w", err)
-	}
-	return out, nil
 }
 
 // Event rebuilds the event a dead letter holds, with its original JSON as

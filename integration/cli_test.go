@@ -155,11 +155,7 @@ func (e *cliEnv) mustRun(code int, args ...string) cliResult {
 
 func (e *cliEnv) exec(sql string, args ...any) {
 	e.t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	if _, err := e.conn.Exec(ctx, sql, args...); err != nil {
-		e.t.Fatalf("%s: %v", sql, err)
-	}
+	mustExec(e.t, e.conn, sql, args...)
 }
 
 func (e *cliEnv) queryInt(sql string, args ...any) int64 {

@@ -136,13 +136,7 @@ func TestKillDuringBackfillAndLive(t *testing.T) {
 	}
 
 	s := r.start()
-	a.stop()
-	a.checkErrors()
-	r.waitCaughtUp(3 * time.Minute)
-	r.verify()
-	requireW6Poison(t, r.pool)
-	r.verifyCLI()
-	s.terminate(time.Minute)
+	drainCrashed(t, r, a, s, 3*time.Minute)
 	t.Logf("%d kills; %d events appended by writers, %d conflicts retried", kills, a.events.Load(), a.retries.Load())
 }
 
@@ -200,9 +194,17 @@ func TestPostgresCrashUnderLoad(t *testing.T) {
 		t.Logf("crash %d at %d events: writers retried %d transactions, pgscribe resumed by itself",
 			i+1, atCrash, a.outages.Load()-outages)
 	}
+	drainCrashed(t, r, a, s, 2*time.Minute)
+}
+
+// drainCrashed ends a crash test: it stops the writers, waits up to catchUp
+// for s to apply what they wrote, runs every oracle (the read models, the W6
+// poison, the CLI's verify) and stops s.
+func drainCrashed(t *testing.T, r *rig, a *appender, s *node, catchUp time.Duration) {
+	t.Helper()
 	a.stop()
 	a.checkErrors()
-	r.waitCaughtUp(2 * time.Minute)
+	r.waitCaughtUp(catchUp)
 	r.verify()
 	requireW6Poison(t, r.pool)
 	r.verifyCLI()

@@ -260,6 +260,16 @@ type querier interface {
 	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
 }
 
+// mustExec runs a statement, failing t if it fails.
+func mustExec(t testing.TB, q querier, sql string, args ...any) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if _, err := q.Exec(ctx, sql, args...); err != nil {
+		t.Fatalf("%s: %v", sql, err)
+	}
+}
+
 // scalar runs a one-value query.
 func scalar[T any](t testing.TB, q querier, sql string, args ...any) T {
 	t.Helper()

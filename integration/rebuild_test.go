@@ -153,11 +153,7 @@ func (e *rbEnv) start(args ...string) *node {
 
 func (e *rbEnv) exec(sql string, args ...any) {
 	e.t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	if _, err := e.pool.Exec(ctx, sql, args...); err != nil {
-		e.t.Fatalf("%s: %v", sql, err)
-	}
+	mustExec(e.t, e.pool, sql, args...)
 }
 
 func (e *rbEnv) scalar(sql string, args ...any) int64 {

@@ -71,11 +71,7 @@ func (e *wtEnv) config(node string) string {
 
 func (e *wtEnv) exec(sql string, args ...any) {
 	e.t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	if _, err := e.pool.Exec(ctx, sql, args...); err != nil {
-		e.t.Fatalf("%s: %v", sql, err)
-	}
+	mustExec(e.t, e.pool, sql, args...)
 }
 
 // scan runs a one-row query.
