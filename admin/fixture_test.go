@@ -208,3 +208,11 @@ func TestWritersOrderDependence(t *testing.T) {
 		t.Error("the intents after an untracked one are still recorded")
 	}
 }
+
+func TestFormatValueNumbers(t *testing.T) {
+	for in, want := range map[float64]string{1058739: "1058739", -3: "-3", 2.5: "2.5", 1e21: "1000000000000000000000"} {
+		if got := formatValue(in); got != want {
+			t.Errorf("formatValue(%v) = %q, want %q", in, got, want)
+		}
+	}
+}

@@ -431,6 +431,12 @@ func formatValue(v any) string {
 		return "null"
 	case string:
 		return strconv.Quote(x)
+	case float64:
+		// Rows compared in PostgreSQL come back as jsonb, whose numbers
+		// decode as float64: print 1058739, not 1.058739e+06.
+		return strconv.FormatFloat(x, 'f', -1, 64)
+	case json.Number:
+		return x.String()
 	case time.Time:
 		return x.Format(time.RFC3339Nano)
 	case []any:
