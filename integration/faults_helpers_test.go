@@ -128,6 +128,12 @@ func startFault(t *testing.T, retryAttempts int, ddl string, backlog []faultEven
 	p := e.start(t)
 	for _, pr := range projs {
 		waitAccounted(t, e.pool, waitLong, pr.name, 1, p.broken)
+		// The cursors account for the backlog just before the backfill
+		// records phase live: a test that stops the engine next must not
+		// leave an interrupted backfill behind.
+		waitFor(t, waitLong, pr.name+" live", func() bool {
+			return e.scalar(t, `SELECT count(*) FROM pgscribe.watermarks WHERE projection = $1 AND version = 1 AND phase = 'live'`, pr.name) == 1
+		})
 	}
 	return e, p
 }
