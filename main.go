@@ -245,38 +245,19 @@ func run(args []string, stdout, stderr io.Writer) error {
 		return deadLetters(fs, configPath, rest, stdout, stderr)
 	case "pause", "resume":
 		var o admin.ControlOptions
-		fs.StringVar(&o.Projection, "projection", "", "projection `name` (required)")
-		fs.Int64Var(&o.Version, "version", 0, "projection `version` (required)")
+		act := admin.Resume
 		if cmd == "pause" {
 			fs.StringVar(&o.Reason, "reason", "", "why, shown by status")
+			act = admin.Pause
 		}
-		if err := parse(fs, rest); err != nil {
-			return err
-		}
-		if o.Projection == "" || o.Version < 1 {
-			return usageErr("%s needs -projection NAME and -version N (at least 1)", cmd)
-		}
-		cfg, _, err := loadConfig(*configPath, stderr, true)
-		if err != nil {
-			return err
-		}
-		ctx, stop := signalContext()
-		defer stop()
-		if cmd == "pause" {
-			return admin.Pause(ctx, cfg, o, stdout)
-		}
-		return admin.Resume(ctx, cfg, o, stdout)
+		return runVersionCommand(fs, rest, cmd, &o.Projection, &o.Version, config.Load, configPath, stderr,
+			func(ctx context.Context, cfg *config.Config) error { return act(ctx, cfg, o, stdout) })
 	case "reset":
 		var o admin.ResetOptions
 		fs.BoolVar(&o.Yes, "yes", false, "reset; without it, only print what would be reset")
 		fs.BoolVar(&o.DeadLetters, "dead-letters", false, "also delete the version's dead letters")
-		cfg, err := parseVersionCommand(fs, rest, cmd, &o.Projection, &o.Version, config.Load, configPath, stderr)
-		if err != nil {
-			return err
-		}
-		ctx, stop := signalContext()
-		defer stop()
-		return admin.Reset(ctx, cfg, o, stdout)
+		return runVersionCommand(fs, rest, cmd, &o.Projection, &o.Version, config.Load, configPath, stderr,
+			func(ctx context.Context, cfg *config.Config) error { return admin.Reset(ctx, cfg, o, stdout) })
 	case "test":
 		database := fs.Bool("database", false, "also apply the events in a throwaway schema of the target database and check [[table]] rows")
 		if err := fs.Parse(rest); err != nil {
@@ -307,13 +288,8 @@ func run(args []string, stdout, stderr io.Writer) error {
 			return nil
 		})
 		fs.IntVar(&o.Limit, "limit", 100, "print at most `n` drifted rows per table (all are counted)")
-		cfg, err := parseVersionCommand(fs, rest, cmd, &o.Projection, &o.Version, config.Load, configPath, stderr)
-		if err != nil {
-			return err
-		}
-		ctx, stop := signalContext()
-		defer stop()
-		err = admin.Verify(ctx, cfg, o, stdout, stderr)
+		err := runVersionCommand(fs, rest, cmd, &o.Projection, &o.Version, config.Load, configPath, stderr,
+			func(ctx context.Context, cfg *config.Config) error { return admin.Verify(ctx, cfg, o, stdout, stderr) })
 		if errors.Is(err, admin.ErrVerifyUsage) {
 			return &exitError{code: 2, err: err}
 		}
@@ -323,24 +299,14 @@ func run(args []string, stdout, stderr io.Writer) error {
 		fs.DurationVar(&o.MaxLag, "max-lag", admin.DefaultMaxLag, "largest lag the version may have")
 		fs.DurationVar(&o.Timeout, "timeout", admin.DefaultPromoteTimeout, "how long to retry while readers' transactions hold the views")
 		fs.BoolVar(&o.Force, "force", false, "promote even if the version is not live, lags or is halted")
-		cfg, err := parseVersionCommand(fs, rest, cmd, &o.Projection, &o.Version, config.Load, configPath, stderr)
-		if err != nil {
-			return err
-		}
-		ctx, stop := signalContext()
-		defer stop()
-		return admin.Promote(ctx, cfg, o, stdout)
+		return runVersionCommand(fs, rest, cmd, &o.Projection, &o.Version, config.Load, configPath, stderr,
+			func(ctx context.Context, cfg *config.Config) error { return admin.Promote(ctx, cfg, o, stdout) })
 	case "retire":
 		var o admin.RetireOptions
 		fs.BoolVar(&o.DropSchema, "drop-schema", false, "also drop the version's schema and its tables")
 		// retire needs no rules: an old version may have left the file.
-		cfg, err := parseVersionCommand(fs, rest, cmd, &o.Projection, &o.Version, config.LoadSettings, configPath, stderr)
-		if err != nil {
-			return err
-		}
-		ctx, stop := signalContext()
-		defer stop()
-		return admin.Retire(ctx, cfg, o, stdout)
+		return runVersionCommand(fs, rest, cmd, &o.Projection, &o.Version, config.LoadSettings, configPath, stderr,
+			func(ctx context.Context, cfg *config.Config) error { return admin.Retire(ctx, cfg, o, stdout) })
 	case "wait":
 		var o admin.WaitOptions
 		fs.StringVar(&o.Projection, "projection", "", "projection `name` (required)")
@@ -462,26 +428,33 @@ func (l *idList) Set(s string) error {
 	return nil
 }
 
-// parse parses a command's flags. -h prints them and ends the command
-// with exit 0; an unknown flag or a stray argument is a usage error.
-// parseVersionCommand parses the flags of cmd, a command that acts on one
-// projection version: it adds -projection and -version to the command's own
-// flags, refuses the command when either is missing, and loads the
-// configuration with load (as loadConfigWith); it must name a database.
-func parseVersionCommand(fs *flag.FlagSet, args []string, cmd string, projection *string, version *int64,
-	load func(string) (*config.Config, error), configPath *string, stderr io.Writer) (*config.Config, error) {
+// runVersionCommand runs cmd, a command that acts on one projection
+// version: it adds -projection and -version to the command's own flags,
+// refuses the command when either is missing, loads the configuration with
+// load (as loadConfigWith; it must name a database) and calls run with it
+// and a context that SIGINT or SIGTERM cancel.
+func runVersionCommand(fs *flag.FlagSet, args []string, cmd string, projection *string, version *int64,
+	load func(string) (*config.Config, error), configPath *string, stderr io.Writer,
+	run func(context.Context, *config.Config) error) error {
 	fs.StringVar(projection, "projection", "", "projection `name` (required)")
 	fs.Int64Var(version, "version", 0, "projection `version` (required)")
 	if err := parse(fs, args); err != nil {
-		return nil, err
+		return err
 	}
 	if *projection == "" || *version < 1 {
-		return nil, usageErr("%s needs -projection NAME and -version N (at least 1)", cmd)
+		return usageErr("%s needs -projection NAME and -version N (at least 1)", cmd)
 	}
 	cfg, _, err := loadConfigWith(load, *configPath, stderr, true)
-	return cfg, err
+	if err != nil {
+		return err
+	}
+	ctx, stop := signalContext()
+	defer stop()
+	return run(ctx, cfg)
 }
 
+// parse parses a command's flags. -h prints them and ends the command
+// with exit 0; an unknown flag or a stray argument is a usage error.
 func parse(fs *flag.FlagSet, args []string) error {
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {

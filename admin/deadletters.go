@@ -31,15 +31,25 @@ const messageWidth = 60
 // line (JSON lines) with the event's data and metadata, so a script pages
 // with the last id it read.
 func ListDeadLetters(ctx context.Context, cfg *config.Config, f deadletter.Filter, asJSON bool, w io.Writer) error {
+	text := func(w io.Writer, rows []deadletter.Row) error { return writeDeadLettersText(w, rows, f.Limit) }
+	return showDeadLetters(ctx, cfg, f, deadletter.List, asJSON, writeDeadLettersJSON, text, w)
+}
+
+// showDeadLetters reads what read gives for f on the target and writes it
+// with asJSON or asText: the read-only deadletters subcommands.
+func showDeadLetters[T any](ctx context.Context, cfg *config.Config, f deadletter.Filter,
+	read func(context.Context, deadletter.Querier, string, deadletter.Filter) (T, error),
+	jsonOut bool, asJSON, asText func(io.Writer, T) error, w io.Writer,
+) error {
 	return withTarget(ctx, cfg, func(conn *pgx.Conn, schema string) error {
-		rows, err := deadletter.List(ctx, conn, schema, f)
+		v, err := read(ctx, conn, schema, f)
 		if err != nil {
 			return err
 		}
-		if asJSON {
-			return writeDeadLettersJSON(w, rows)
+		if jsonOut {
+			return asJSON(w, v)
 		}
-		return writeDeadLettersText(w, rows, f.Limit)
+		return asText(w, v)
 	})
 }
 
@@ -158,16 +168,7 @@ func tail(s string, width int) string {
 // and Limit are ignored): the total, the oldest and newest, and counts by
 // error kind and by projection version.
 func DeadLetterStats(ctx context.Context, cfg *config.Config, f deadletter.Filter, asJSON bool, w io.Writer) error {
-	return withTarget(ctx, cfg, func(conn *pgx.Conn, schema string) error {
-		st, err := deadletter.GetStats(ctx, conn, schema, f)
-		if err != nil {
-			return err
-		}
-		if asJSON {
-			return writeStatsJSON(w, st)
-		}
-		return writeStatsText(w, st)
-	})
+	return showDeadLetters(ctx, cfg, f, deadletter.GetStats, asJSON, writeStatsJSON, writeStatsText, w)
 }
 
 // statsJSON is the -json form of the stats: the lists are never null.

@@ -48,19 +48,10 @@ func sourceTypesProjection(occurred bool) string {
 	if occurred {
 		occ = `, last_occurred = "occurred_at"`
 	}
-	return `
-[[projection]]
-name    = "shape"
-version = 1
-
-  [[projection.rule]]
-  name  = "tally"
-  op    = "upsert"
-  table = "rm_streams"
-  key   = { stream_id = "stream_id" }
-  set   = { last_type = "type", last_stream_position = "stream_position", last_position = "position", last_id = "id", last_user = "metadata.user ?? ''"` + occ + ` }
-  inc   = { events = "1", amount = "data.amount ?? 0" }
-`
+	return projectionTOML("shape", 1, "", rule{name: "tally", op: "upsert", table: "rm_streams",
+		key: `stream_id = "stream_id"`,
+		set: `last_type = "type", last_stream_position = "stream_position", last_position = "position", last_id = "id", last_user = "metadata.user ?? ''"` + occ,
+		inc: `events = "1", amount = "data.amount ?? 0"`})
 }
 
 const sourceTypesReadModel = `CREATE TABLE rm_streams (

@@ -287,34 +287,12 @@ WHERE stream_id = 'acct-4') RETURNING stream_id, stream_position`).Scan(&stream,
 // write leaves it present.
 func TestCLIVerifyOrderDependent(t *testing.T) {
 	e := newCLIEnv(t)
-	cfg := e.config("owners", "", "parallelism = 2\nbatch_size = 7", `
-[[projection]]
-name    = "owners"
-version = 1
-
-  [[projection.rule]]
-  name  = "touch"
-  on    = "Touched"
-  op    = "upsert"
-  table = "owner_last"
-  key   = { owner = "data.owner" }
-  set   = { last_stream = "stream_id" }
-  inc   = { touches = "1" }
-
-  [[projection.rule]]
-  name  = "drop"
-  on    = "Dropped"
-  op    = "delete"
-  table = "owner_last"
-  key   = { owner = "data.owner" }
-
-  [[projection.rule]]
-  name  = "log"
-  on    = "Touched"
-  op    = "insert"
-  table = "touch_log"
-  set   = { owner = "data.owner" }
-`)
+	cfg := e.config("owners", "", "parallelism = 2\nbatch_size = 7", projectionTOML("owners", 1, "",
+		rule{name: "touch", on: "Touched", op: "upsert", table: "owner_last",
+			key: `owner = "data.owner"`, set: `last_stream = "stream_id"`, inc: `touches = "1"`},
+		rule{name: "drop", on: "Dropped", op: "delete", table: "owner_last", key: `owner = "data.owner"`},
+		rule{name: "log", on: "Touched", op: "insert", table: "touch_log", set: `owner = "data.owner"`},
+	))
 	e.mustRun(0, "migrate", "-config", cfg, "-events-table")
 	e.exec(`CREATE TABLE owner_last (owner text PRIMARY KEY, last_stream text NOT NULL, touches bigint NOT NULL)`)
 	// Columns no rule writes (a serial key, a DEFAULT now()) are not

@@ -39,6 +39,11 @@ func setRule(src string) Spec {
 	return single(RuleSpec{Op: "insert", Table: "t", Set: map[string]string{"v": src}})
 }
 
+// singleErr is the EvalError of single's rule failing at field.
+func singleErr(field string) EvalError {
+	return EvalError{Projection: "p", Version: 1, Rule: "r", Field: field}
+}
+
 func setIntent(v any) []event.Intent {
 	return []event.Intent{{Rule: "r", Op: event.OpInsert, Table: "t", Set: []event.Column{{Name: "v", Value: v}}}}
 }
@@ -317,31 +322,31 @@ func TestEvalErrors(t *testing.T) {
 		"inc not a number": {
 			spec:      single(RuleSpec{Op: "update", Table: "t", Key: map[string]string{"id": "id"}, Inc: map[string]string{"n": "data.n"}}),
 			event:     ev("E", map[string]any{"n": "12"}),
-			want:      EvalError{Projection: "p", Version: 1, Rule: "r", Field: "inc.n"},
+			want:      singleErr("inc.n"),
 			wantCause: ErrWrongType,
 		},
 		"inc nil": {
 			spec:      single(RuleSpec{Op: "update", Table: "t", Key: map[string]string{"id": "id"}, Inc: map[string]string{"n": "data.n"}}),
 			event:     ev("E", nil),
-			want:      EvalError{Projection: "p", Version: 1, Rule: "r", Field: "inc.n"},
+			want:      singleErr("inc.n"),
 			wantCause: ErrNilValue,
 		},
 		"nil sql arg": {
 			spec:      single(RuleSpec{Op: "sql", SQL: "select $1, $2", Args: []string{"id", "data.x"}}),
 			event:     ev("E", nil),
-			want:      EvalError{Projection: "p", Version: 1, Rule: "r", Field: "args[2]"},
+			want:      singleErr("args[2]"),
 			wantCause: ErrNilValue,
 		},
 		"when not boolean at run time": {
 			spec:      single(RuleSpec{When: "data.flag", Op: "sql", SQL: "x"}),
 			event:     ev("E", map[string]any{"flag": "yes"}),
-			want:      EvalError{Projection: "p", Version: 1, Rule: "r", Field: "when"},
+			want:      singleErr("when"),
 			wantCause: ErrWrongType,
 		},
 		"when on a missing flag": {
 			spec:      single(RuleSpec{When: "data.flag", Op: "sql", SQL: "x"}),
 			event:     ev("E", nil),
-			want:      EvalError{Projection: "p", Version: 1, Rule: "r", Field: "when"},
+			want:      singleErr("when"),
 			wantCause: ErrNilValue,
 		},
 		"when comparing a missing field": {
@@ -353,13 +358,13 @@ func TestEvalErrors(t *testing.T) {
 		"fetch from a missing object": {
 			spec:     setRule("data.a.b"),
 			event:    ev("E", nil),
-			want:     EvalError{Projection: "p", Version: 1, Rule: "r", Field: "set.v"},
+			want:     singleErr("set.v"),
 			wantExpr: true,
 		},
 		"message fails to evaluate": {
 			spec:     single(RuleSpec{Op: "fail", Message: "'x' + data.a.b"}),
 			event:    ev("E", nil),
-			want:     EvalError{Projection: "p", Version: 1, Rule: "r", Field: "message"},
+			want:     singleErr("message"),
 			wantExpr: true,
 		},
 		"all or none: second rule errors": {
@@ -374,7 +379,7 @@ func TestEvalErrors(t *testing.T) {
 		"unsupported result type": {
 			spec:      setRule("id != '' ? occurred_at.Add : 1"),
 			event:     ev("E", nil),
-			want:      EvalError{Projection: "p", Version: 1, Rule: "r", Field: "set.v"},
+			want:      singleErr("set.v"),
 			wantCause: ErrWrongType,
 		},
 	}
