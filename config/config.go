@@ -197,6 +197,25 @@ func (c *Config) SlotName(p rules.Spec) string {
 	return slotName(c.Source.SlotPrefix, p.Name, p.Version)
 }
 
+// GroupSlotName is the replication slot a group of projection versions
+// shares: <slot_prefix>_group_<group>. A version alone in its group uses
+// SlotName.
+func (c *Config) GroupSlotName(group string) string {
+	return groupSlotName(c.Source.SlotPrefix, group)
+}
+
+func groupSlotName(prefix, group string) string { return prefix + "_group_" + group }
+
+// Groups returns the indexes into Projections of each group's versions, by
+// group name, in configuration order.
+func (c *Config) Groups() map[string][]int {
+	g := map[string][]int{}
+	for i, p := range c.Projections {
+		g[p.GroupName()] = append(g[p.GroupName()], i)
+	}
+	return g
+}
+
 func slotName(prefix, name string, version int64) string {
 	return fmt.Sprintf("%s_%s_v%d", prefix, name, version)
 }

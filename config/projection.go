@@ -107,6 +107,13 @@ func (d *decoder) projection(t *table, slotPrefix string, withRules bool) rules.
 	}
 
 	t.oneOf("on_error", &s.OnError, rules.OnErrorValues...)
+	if t.matching("group", &s.Group, projectionNameRE,
+		"must start with a lower-case letter and contain only lower-case letters, digits and underscores (it becomes part of a replication slot name)") {
+		if slot := groupSlotName(slotPrefix, s.Group); len(slot) > maxIdentLen {
+			d.fail(t.path.key("group"), "makes replication slot name %q, %d bytes; PostgreSQL allows %d",
+				slot, len(slot), maxIdentLen)
+		}
+	}
 	d.deployment(t, &s)
 
 	v, rp, ok := t.get("rule")

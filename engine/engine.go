@@ -54,6 +54,8 @@ type Projection struct {
 	metrics *lag.Projection
 	hard    context.Context // cancelled on a hard stop: in-flight batches roll back
 	slots   chan struct{}   // max_active_projections semaphore; nil = unlimited
+	hub     *hub            // the group's shared stream while its group is active here; nil alone
+	onGroup atomic.Bool     // the version streams from its group's slot (for the lag probe)
 
 	state   atomic.Value // State
 	caught  atomic.Bool  // live and nothing in flight at the last lag tick

@@ -17,7 +17,7 @@ func (p *Projection) newProbe() *lag.Probe {
 		Schema:     p.cfg.Engine.Schema,
 		Projection: p.spec.Name,
 		Version:    p.spec.Version,
-		Slot:       p.slot,
+		Slot:       p.probeSlot(),
 		Table:      p.cfg.Source.Table,
 		Position:   p.cfg.Source.Columns.Position,
 		// The first probe of a process counts the whole events table
@@ -25,6 +25,14 @@ func (p *Projection) newProbe() *lag.Probe {
 		Timeout: max(p.cfg.Engine.LagInterval, 5*time.Minute),
 		Logger:  p.log,
 	}, p.metrics)
+}
+
+// probeSlot is the slot the version streams from: its group's or its own.
+func (p *Projection) probeSlot() string {
+	if p.onGroup.Load() {
+		return p.cfg.GroupSlotName(p.spec.GroupName())
+	}
+	return p.slot
 }
 
 // reportLag refreshes the lag metrics and the stored watermark every

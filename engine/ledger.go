@@ -34,6 +34,7 @@ type ledger struct {
 
 	moved chan struct{} // the watermark moved or a measurement came (capacity 1)
 	mu    sync.Mutex
+	slotN string       // the slot the watermark is recorded on, when it moved (switchSlot)
 	meas  *lag.Reading // the last measurement not yet saved
 	at    time.Time    // when meas was taken
 }
@@ -176,7 +177,7 @@ func (l *ledger) save(ctx context.Context, m *lag.Reading, at time.Time) (event.
 	}
 	// Phase is left as stored: only backfill's SetPhase moves it, after
 	// every snapshot event committed.
-	w := cursor.Watermark{SlotName: l.slot, LSN: lsn, Position: pos, CommitTime: ct}
+	w := cursor.Watermark{SlotName: l.slotName(), LSN: lsn, Position: pos, CommitTime: ct}
 	if m != nil {
 		w.MeasuredAt, w.LagSeconds, w.Backlog = at, m.LagSeconds, m.Backlog
 		if !m.BacklogKnown {
@@ -199,6 +200,36 @@ func (l *ledger) save(ctx context.Context, m *lag.Reading, at time.Time) (event.
 		return 0, false
 	}
 	return lsn, true
+}
+
+// setSlot records the watermark on slot from now on.
+func (l *ledger) setSlot(slot string) {
+	l.mu.Lock()
+	l.slotN = slot
+	l.mu.Unlock()
+}
+
+func (l *ledger) slotName() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.slotN != "" {
+		return l.slotN
+	}
+	return l.slot
+}
+
+// switchSlot records the watermark on slot from now on, and saves it
+// there at once, committed synchronously: a version that joined its
+// group's stream is on the group's slot before its own slot is dropped.
+func (l *ledger) switchSlot(ctx context.Context, slot string) error {
+	l.setSlot(slot)
+	pos := l.tracker.Position()
+	lsn, ct, _ := l.tracker.Watermark()
+	sql, args, err := l.store.SaveWatermarkStatement(cursor.Watermark{SlotName: slot, LSN: lsn, Position: pos, CommitTime: ct})
+	if err != nil {
+		return err
+	}
+	return l.fenced(ctx, statement{sql: sql, args: args})
 }
 
 // confirm confirms the slot to the watermark at shutdown, after the

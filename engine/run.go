@@ -121,12 +121,30 @@ func RunAll(ctx context.Context, cfg *config.Config, o RunOptions) error {
 	}
 	var wg sync.WaitGroup
 	errs := make([]error, len(projs))
-	for i, p := range projs {
+	for name, idx := range cfg.Groups() {
+		if len(idx) == 1 {
+			// A version alone in its group runs on a slot of its own.
+			i := idx[0]
+			p := projs[i]
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				if err := p.Run(ctx); err != nil {
+					errs[i] = fmt.Errorf("projection %s v%d: %w", p.spec.Name, p.spec.Version, err)
+				}
+			}()
+			continue
+		}
+		g := &group{name: name, cfg: cfg, log: o.Logger.With("group", name), slots: sem}
+		for _, i := range idx {
+			projs[i].slots = nil // the group takes one slot for all
+			g.members = append(g.members, projs[i])
+		}
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			if err := p.Run(ctx); err != nil {
-				errs[i] = fmt.Errorf("projection %s v%d: %w", p.spec.Name, p.spec.Version, err)
+			if err := g.run(ctx); err != nil {
+				errs[idx[0]] = fmt.Errorf("group %s: %w", name, err)
 			}
 		}()
 	}

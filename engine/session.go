@@ -44,6 +44,10 @@ type session struct {
 
 	ctl     *controls   // the operator controls this session obeys
 	pausing atomic.Bool // an operator paused the live session: it ends with errPaused
+
+	inGroup bool      // the plan: stream from the group's slot (hub), not the version's own
+	start   event.LSN // where the ledger starts: every transaction committing below it is applied
+	member  *member   // attached to the group's stream
 }
 
 // session runs one active period while lease is held.
@@ -72,7 +76,11 @@ func (s *session) run(ctx context.Context) error {
 		return err
 	}
 	s.backfilling.Store(s.rebuild)
+	s.start = confirmed
 	s.ledger = newLedger(confirmed, s.store, s.slot, s.log, s.fencedPipeline)
+	if s.inGroup {
+		s.ledger.setSlot(s.cfg.GroupSlotName(s.spec.GroupName()))
+	}
 	s.parts = s.partitions()
 
 	// Workers run on a context that a graceful stop does not cancel: they
@@ -108,11 +116,19 @@ func (s *session) run(ctx context.Context) error {
 	ctlDone := make(chan struct{})
 	go func() { defer close(ctlDone); s.obeyControls(sessCtx, cancel) }()
 
-	replConn, err := replication.ConnectReplication(sessCtx, s.cfg.Database.URL)
-	err = atSource(err)
+	// A version streaming from its group's slot needs no replication
+	// connection of its own (the group's stream has one); replicate opens
+	// one if it comes to need it.
+	var replConn *pgconn.PgConn
+	if !s.inGroup {
+		replConn, err = replication.ConnectReplication(sessCtx, s.cfg.Database.URL)
+		err = atSource(err)
+	}
 	if err == nil {
+		err = s.replicate(sessCtx, &replConn)
+	}
+	if replConn != nil {
 		defer replConn.Close(context.WithoutCancel(ctx))
-		err = s.replicate(sessCtx, replConn)
 	}
 	// Shutdown order: stop intake (done: the stream returned), let workers
 	// finish their in-flight batch, then confirm what is durable and record
@@ -123,7 +139,13 @@ func (s *session) run(ctx context.Context) error {
 	<-lagDone
 	<-pubDone
 	<-ctlDone
-	if replConn != nil && !s.backfilling.Load() {
+	switch {
+	case s.member != nil:
+		// The group's stream confirms its slot (hub.run); the version's
+		// watermark holds it back until then.
+		s.ledger.save(context.WithoutCancel(ctx), nil, time.Time{})
+		s.hub.hold(s.spec, s.ledger.confirmable())
+	case replConn != nil && !s.backfilling.Load():
 		s.ledger.confirm(context.WithoutCancel(ctx), replConn)
 	}
 	if werr != nil {
@@ -210,6 +232,19 @@ func (s *session) plan(ctx context.Context) (event.LSN, error) {
 	}
 	resync := s.Projection.resync
 	s.Projection.resync = "" // one resync per decision; an interrupted one resumes as a backfill
+	gslot := s.cfg.GroupSlotName(s.spec.GroupName())
+	s.onGroup.Store(false)
+	if haveWM && wm.SlotName == gslot {
+		if lsn, ok, err := s.planGroup(ctx, wm, slot, resync); err != nil || ok {
+			return lsn, err
+		}
+		if wm, haveWM, err = s.store.LoadWatermark(ctx, s.pool); err != nil {
+			return 0, err
+		}
+		if slot, err = replication.InspectSlot(ctx, s.srcConn, s.slot); err != nil {
+			return 0, atSource(err)
+		}
+	}
 	s.rebuild = resync != "" || !slot.Exists || slot.Lost() || !haveWM || wm.Phase != "live" || wm.SlotName != s.slot
 	// Adoption is for a first start only: once any cursor exists, the
 	// cursors are the record of what is accounted for, and adopting again
@@ -244,6 +279,92 @@ func (s *session) plan(ctx context.Context) (event.LSN, error) {
 	return slot.Confirmed, nil
 }
 
+// planGroup plans a session of a version whose watermark is recorded on
+// its group's slot. ok says the plan is made: stream from the group's
+// slot, the ledger starting at the returned position. Otherwise the
+// version has left the group, for a slot of its own (a copy of the
+// group's, at or below its watermark, when there is one to copy), and
+// the usual plan follows.
+func (s *session) planGroup(ctx context.Context, wm cursor.Watermark, own replication.SlotInfo, resync string) (event.LSN, bool, error) {
+	gslot := s.cfg.GroupSlotName(s.spec.GroupName())
+	gs, err := replication.InspectSlot(ctx, s.srcConn, gslot)
+	if err != nil {
+		return 0, false, atSource(err)
+	}
+	usable := gs.Exists && !gs.Lost() && wm.Phase == "live"
+	if usable && resync == "" && s.hub != nil {
+		if own.Exists {
+			// Left by a join that ended before it dropped it.
+			if err := replication.DropSlot(ctx, s.srcConn, s.slot); err != nil {
+				return 0, false, atSource(err)
+			}
+		}
+		s.inGroup = true
+		s.onGroup.Store(true)
+		start := max(wm.LSN, gs.Confirmed)
+		s.log.Info("resuming from the group's slot", "slot", gslot, "from", start.String())
+		return start, true, nil
+	}
+	if s.hub != nil {
+		s.hub.forget(s.spec)
+	}
+	if !usable || resync != "" {
+		// Nothing to copy: the slot-lost path (a resync from a new
+		// snapshot, cursors skipping what was applied) follows.
+		s.log.Warn("the group's slot cannot serve this version: leaving the group", "slot", gslot, "exists", gs.Exists, "lost", gs.Lost())
+		return 0, false, s.moveWatermark(ctx, s.slot)
+	}
+	// Alone in its group now (a group of one streams from a slot of its
+	// own): continue on a copy of the group's slot, and drop the group's
+	// slot once no version is recorded on it.
+	if err := s.copyGroupSlot(ctx); err != nil {
+		return 0, false, err
+	}
+	var others int
+	if err := s.pool.QueryRow(ctx, "SELECT count(*) FROM "+pgx.Identifier{s.cfg.Engine.Schema, "watermarks"}.Sanitize()+
+		" WHERE slot_name = $1", gslot).Scan(&others); err != nil {
+		return 0, false, err
+	}
+	if others == 0 {
+		if err := replication.DropSlot(ctx, s.srcConn, gslot); err != nil {
+			return 0, false, atSource(err)
+		}
+		s.log.Info("dropped the group's slot: no version streams from it", "slot", gslot)
+	}
+	return 0, false, nil
+}
+
+// copyGroupSlot gives the version a slot of its own that streams from
+// the group slot's confirmed position (at or below the version's
+// watermark, which held it there) and records the watermark on it.
+func (s *session) copyGroupSlot(ctx context.Context) error {
+	gslot := s.cfg.GroupSlotName(s.spec.GroupName())
+	if err := replication.DropSlot(ctx, s.srcConn, s.slot); err != nil {
+		return atSource(err)
+	}
+	at, err := replication.CopySlot(ctx, s.srcConn, gslot, s.slot)
+	if err != nil {
+		return atSource(err)
+	}
+	if err := s.moveWatermark(ctx, s.slot); err != nil {
+		return err
+	}
+	if s.hub != nil {
+		s.hub.forget(s.spec)
+	}
+	s.log.Info("streaming from a copy of the group's slot", "slot", s.slot, "group_slot", gslot, "from", at.String())
+	return nil
+}
+
+// moveWatermark records the version's watermark on slot.
+func (s *session) moveWatermark(ctx context.Context, slot string) error {
+	return s.fenced(ctx, func(tx pgx.Tx) error {
+		_, err := tx.Exec(ctx, "UPDATE "+pgx.Identifier{s.cfg.Engine.Schema, "watermarks"}.Sanitize()+
+			" SET slot_name = $3, updated_at = now() WHERE projection = $1 AND version = $2", s.spec.Name, s.spec.Version, slot)
+		return err
+	})
+}
+
 // partitions builds the committer and its partitioned workers; committed
 // batches are reported to the ledger.
 func (s *session) partitions() *apply.Partitions {
@@ -268,7 +389,8 @@ func (s *session) partitions() *apply.Partitions {
 
 // replicate backfills when the plan says so, then streams from the slot
 // until ctx ends or the stream fails.
-func (s *session) replicate(ctx context.Context, replConn *pgconn.PgConn) error {
+func (s *session) replicate(ctx context.Context, connp **pgconn.PgConn) error {
+	replConn := *connp
 	sink := &ledgerSink{ledger: s.ledger, parts: s.parts}
 	if s.rebuild {
 		s.setState(StateBackfilling)
@@ -278,9 +400,60 @@ func (s *session) replicate(ctx context.Context, replConn *pgconn.PgConn) error 
 		s.backfilling.Store(false)
 	}
 	s.setState(StateLive)
-	return atSlot(replication.Stream(ctx, replConn, s.src, sink, replication.StreamOptions{
-		StatusInterval: s.cfg.Engine.StatusInterval, StallTimeout: s.cfg.Engine.StallTimeout, Logger: s.log,
-	}))
+	opts := replication.StreamOptions{StatusInterval: s.cfg.Engine.StatusInterval, StallTimeout: s.cfg.Engine.StallTimeout, Logger: s.log}
+	if s.hub == nil {
+		return atSlot(replication.Stream(ctx, replConn, s.src, sink, opts))
+	}
+	if s.inGroup {
+		m, err := s.hub.join(ctx, s.spec, sink, s.start, false)
+		if err == nil {
+			s.member = m
+			return m.wait()
+		}
+		// The group's stream has passed this version: catch up on a copy
+		// of the group's slot, then join.
+		if err := s.copyGroupSlot(ctx); err != nil {
+			return err
+		}
+		s.inGroup = false
+		s.onGroup.Store(false)
+		s.ledger.setSlot(s.slot)
+		c, err := replication.ConnectReplication(ctx, s.cfg.Database.URL)
+		if err != nil {
+			return atSource(err)
+		}
+		replConn, *connp = c, c
+	}
+	return s.streamAndJoin(ctx, replConn, sink, opts)
+}
+
+// streamAndJoin streams the version's own slot until it can join its
+// group's stream at a transaction boundary (joinSink), then moves its
+// watermark to the group's slot, drops its own slot and takes its events
+// from the group's stream.
+func (s *session) streamAndJoin(ctx context.Context, replConn *pgconn.PgConn, sink *ledgerSink, opts replication.StreamOptions) error {
+	jctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	js := &joinSink{ledgerSink: sink, hub: s.hub, ctx: ctx, spec: s.spec, cancel: cancel, from: s.start}
+	err := replication.Stream(jctx, replConn, s.src, js, opts)
+	if js.m == nil || ctx.Err() != nil {
+		if js.m != nil {
+			s.member = js.m
+		}
+		return atSlot(err)
+	}
+	s.member = js.m
+	gslot := s.cfg.GroupSlotName(s.spec.GroupName())
+	if err := s.ledger.switchSlot(ctx, gslot); err != nil {
+		return err
+	}
+	s.onGroup.Store(true)
+	s.log.Info("joined the group's stream", "slot", gslot, "at", max(js.at, js.from).String())
+	replConn.Close(context.WithoutCancel(ctx))
+	if err := replication.DropSlot(ctx, s.srcConn, s.slot); err != nil {
+		s.log.Warn("drop the version's own slot after joining its group (the next start drops it)", "slot", s.slot, "err", err)
+	}
+	return s.member.wait()
 }
 
 // backfill creates the slot with an exported snapshot, applies every event
@@ -366,6 +539,7 @@ func (s *session) backfill(ctx context.Context, replConn *pgconn.PgConn, sink *l
 		return err
 	}
 	s.ledger.reached(consistent)
+	s.start = consistent
 	el := time.Since(started)
 	s.log.Info("backfill complete", "events", done, "seconds", el.Round(time.Millisecond).Seconds(),
 		"events_per_second", int64(float64(done)/max(el.Seconds(), 1e-9)))

@@ -391,3 +391,33 @@ func (c catalog) partitionOf(ctx context.Context, relid uint32, table string) (b
 	}
 	return ok, nil
 }
+
+// CreateSlotAt creates the logical slot (pgoutput) on a replication
+// connection without a snapshot and returns its consistent point: it
+// streams every transaction that commits after it.
+func CreateSlotAt(ctx context.Context, conn *pgconn.PgConn, slot string) (event.LSN, error) {
+	res, err := conn.Exec(ctx, fmt.Sprintf("CREATE_REPLICATION_SLOT %s LOGICAL pgoutput NOEXPORT_SNAPSHOT", slot)).ReadAll()
+	if err != nil {
+		return 0, fmt.Errorf("create slot %s: %w", slot, err)
+	}
+	if len(res) != 1 || len(res[0].Rows) != 1 || len(res[0].Rows[0]) < 2 {
+		return 0, fmt.Errorf("create slot %s: unexpected reply", slot)
+	}
+	return event.ParseLSN(string(res[0].Rows[0][1]))
+}
+
+// CopySlot creates slot dst as a copy of the logical slot src: it keeps
+// the same WAL and streams from src's confirmed position, whatever src
+// does after. It returns that position.
+func CopySlot(ctx context.Context, q Querier, src, dst string) (event.LSN, error) {
+	var lsn string
+	err := q.QueryRow(ctx, `SELECT c.lsn::text FROM pg_copy_logical_replication_slot($1, $2) AS c`, src, dst).Scan(&lsn)
+	if err != nil {
+		return 0, fmt.Errorf("copy slot %s to %s: %w", src, dst, err)
+	}
+	info, err := InspectSlot(ctx, q, dst)
+	if err != nil {
+		return 0, err
+	}
+	return info.Confirmed, nil
+}

@@ -33,6 +33,22 @@ type Spec struct {
 	// count every event at or below it as already applied (adopted from the
 	// projector it replaces).
 	StartAfterPosition int64 `toml:"start_after_position"`
+	// Group names the projection versions that share one replication slot
+	// and one decode of the events table and run together on one node;
+	// empty is the default group ("default"). A group of one configured
+	// version runs on a slot of its own.
+	Group string `toml:"group"`
+}
+
+// DefaultGroup is the group of a version that names none.
+const DefaultGroup = "default"
+
+// GroupName is the version's group: Group, or DefaultGroup.
+func (s Spec) GroupName() string {
+	if s.Group == "" {
+		return DefaultGroup
+	}
+	return s.Group
 }
 
 // Qualify maps a rule's table to the name it has for this version: a name

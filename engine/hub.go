@@ -1,0 +1,617 @@
+package engine
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/pgscribe/pgscribe/event"
+	"github.com/pgscribe/pgscribe/replication"
+	"github.com/pgscribe/pgscribe/rules"
+)
+
+// hub is a group's shared source during one active period of the group on
+// this node: one replication connection on the group's slot, one decode,
+// fanned out to the member sessions attached to it. Each member keeps its
+// own ledger, partitions, cursors and transactions; the hub hands it every
+// transaction that commits at or after the member's next position through
+// a bounded queue of its own, and confirms the slot only up to the lowest
+// member's watermark.
+//
+// Joining is exact. A member attaches directly when the stream has not
+// started yet, or when the stream has begun no transaction at or after the
+// member's position; otherwise it catches up on a slot of its own (a
+// building version's backfill slot, or a copy of the group slot) and joins
+// at a transaction boundary of that stream where the same condition holds:
+// every transaction the hub began commits before the member's position,
+// which its own stream delivered, and every later one the hub will deliver.
+type hub struct {
+	cfg     groupConfig
+	log     *slog.Logger
+	members int // configured members on this node
+
+	mu        sync.Mutex
+	attached  map[string]*member   // by member key
+	held      map[string]event.LSN // in-group members not attached: their watermark holds the slot back
+	streaming bool                 // a stream runs: startLSN and lastBegun are valid
+	startLSN  event.LSN            // the stream delivers transactions committing at or after it
+	lastBegun event.LSN            // commit LSN of the stream's last transaction begun (0: none)
+	sent      event.LSN            // the stream sent every transaction below it
+	demand    chan struct{}        // a member wants the stream (capacity 1)
+
+	// Used by the stream goroutine only.
+	tx   []*member     // members receiving the current transaction
+	cur  *event.Event  // the event being delivered
+	pend []*member     // members that have not yet taken cur
+	conn *pgconn.PgConn // the replication connection of the last stream
+}
+
+// groupConfig is what the hub needs of the configuration.
+type groupConfig struct {
+	name      string
+	slot      string
+	sourceURL string
+	targetURL string
+	schema    string
+	src       replication.Source
+	opts      replication.StreamOptions
+}
+
+// gatherWindow is how long a starting stream waits for the group's
+// members to attach, so that a node that starts (or takes the group over)
+// decodes once for all of them instead of once and then again for each
+// member that came a moment late.
+const gatherWindow = 2 * time.Second
+
+// memberQueue is how many messages (begin, event, commit, keepalive) wait
+// for one member. A member whose queue is full makes the hub wait: one
+// slow member slows the group's stream, memory stays bounded.
+const memberQueue = 1024
+
+// errBehind refuses a join: the stream has passed the member's position.
+var errBehind = errors.New("the group's stream is past this position")
+
+func newHub(cfg groupConfig, members int, log *slog.Logger) *hub {
+	return &hub{cfg: cfg, log: log.With("group", cfg.name), members: members,
+		attached: map[string]*member{}, held: map[string]event.LSN{}, demand: make(chan struct{}, 1)}
+}
+
+func memberKey(spec rules.Spec) string { return fmt.Sprintf("%s/%d", spec.Name, spec.Version) }
+
+// member is one session attached to the hub.
+type member struct {
+	key  string
+	sink replication.Sink
+	next event.LSN // the lowest commit LSN it still needs (under hub.mu)
+	ch   chan hubMsg
+	done chan struct{} // closed when detached
+	once sync.Once
+	err  error // why the hub detached it (set before done closes)
+	fed  chan error
+}
+
+type msgKind uint8
+
+const (
+	msgBegin msgKind = iota
+	msgEvent
+	msgCommit
+	msgIdle
+)
+
+type hubMsg struct {
+	kind msgKind
+	lsn  event.LSN
+	at   time.Time
+	ev   *event.Event
+}
+
+// send queues msg for the member unless it was detached.
+func (m *member) send(msg hubMsg) {
+	select {
+	case m.ch <- msg:
+	case <-m.done:
+	}
+}
+
+func (m *member) detach(err error) {
+	m.once.Do(func() {
+		m.err = err
+		close(m.done)
+	})
+}
+
+// feed hands the member's queue to its sink until ctx ends or the hub
+// detaches it.
+func (m *member) feed(ctx context.Context) error {
+	var tok uint64
+	for {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-m.done:
+			return m.err
+		case msg := <-m.ch:
+			switch msg.kind {
+			case msgBegin:
+				tok = m.sink.Begin(msg.lsn, msg.at)
+			case msgEvent:
+				if err := m.sink.Event(ctx, tok, msg.ev); err != nil {
+					return err
+				}
+			case msgCommit:
+				m.sink.Commit(tok, msg.lsn)
+			case msgIdle:
+				m.sink.AdvanceIdle(msg.lsn)
+			}
+		}
+	}
+}
+
+// wait blocks until the member's feed ends and returns why.
+func (m *member) wait() error { return <-m.fed }
+
+// join attaches a session's sink from position from (it needs every
+// transaction committing at or after it). own says the session streams on
+// a slot of its own: then the stream must run and have begun nothing at or
+// after from. An in-group session (own false) may also attach before the
+// stream starts, which then starts at the group slot's confirmed position,
+// at or below every in-group member's watermark. It returns errBehind when
+// the member must catch up elsewhere first, and starts the feed on ctx.
+func (h *hub) join(ctx context.Context, spec rules.Spec, sink replication.Sink, from event.LSN, own bool) (*member, error) {
+	h.mu.Lock()
+	ok := false
+	switch {
+	case h.streaming:
+		ok = h.startLSN <= from && h.lastBegun < from
+	default:
+		ok = !own
+	}
+	if !ok {
+		h.mu.Unlock()
+		h.wake()
+		return nil, errBehind
+	}
+	m := &member{key: memberKey(spec), sink: sink, next: from, ch: make(chan hubMsg, memberQueue),
+		done: make(chan struct{}), fed: make(chan error, 1)}
+	if old := h.attached[m.key]; old != nil {
+		old.detach(errors.New("replaced by a new session of the same version"))
+	}
+	h.attached[m.key] = m
+	delete(h.held, m.key)
+	h.mu.Unlock()
+	h.wake()
+	go func() {
+		err := m.feed(ctx)
+		h.detach(m)
+		m.fed <- err
+	}()
+	return m, nil
+}
+
+func (h *hub) wake() {
+	select {
+	case h.demand <- struct{}{}:
+	default:
+	}
+}
+
+// detach removes the member from the stream; until its session records a
+// final watermark (hold), what its ledger confirms holds the slot back.
+func (h *hub) detach(m *member) {
+	h.mu.Lock()
+	if h.attached[m.key] == m {
+		delete(h.attached, m.key)
+		if c := m.sink.Confirmable(); c > h.held[m.key] {
+			h.held[m.key] = c
+		}
+	}
+	h.mu.Unlock()
+	m.detach(context.Canceled)
+}
+
+// hold records an in-group member's watermark at the end of its session.
+func (h *hub) hold(spec rules.Spec, lsn event.LSN) {
+	h.mu.Lock()
+	if _, attached := h.attached[memberKey(spec)]; !attached && lsn > h.held[memberKey(spec)] {
+		h.held[memberKey(spec)] = lsn
+	}
+	h.mu.Unlock()
+}
+
+// forget drops a member that left the group (it streams from a slot of its
+// own now): it no longer holds the group's slot back.
+func (h *hub) forget(spec rules.Spec) {
+	h.mu.Lock()
+	delete(h.held, memberKey(spec))
+	h.mu.Unlock()
+}
+
+// confirmable is the lowest watermark of the group's members: attached
+// members' ledgers, and the recorded watermarks of members that are not
+// attached. With no member at all, what the stream sent.
+func (h *hub) confirmable() event.LSN {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	var low event.LSN
+	first := true
+	for _, m := range h.attached {
+		if c := m.sink.Confirmable(); first || c < low {
+			low, first = c, false
+		}
+	}
+	for _, c := range h.held {
+		if first || c < low {
+			low, first = c, false
+		}
+	}
+	if first {
+		return h.sent
+	}
+	return low
+}
+
+// run serves the group's stream until ctx ends, then, once every member
+// session ended (membersDone), confirms the slot to the lowest watermark.
+func (h *hub) run(ctx context.Context, membersDone <-chan struct{}) {
+	defer func() {
+		<-membersDone
+		if h.conn != nil {
+			if err := h.refreshHeld(context.WithoutCancel(ctx)); err != nil {
+				h.log.Warn("read the members' watermarks", "err", err)
+			}
+			if lsn := h.confirmable(); lsn > 0 {
+				_ = replication.Confirm(context.WithoutCancel(ctx), h.conn, lsn)
+			}
+			h.conn.Close(context.WithoutCancel(ctx))
+		}
+	}()
+	for ctx.Err() == nil {
+		select {
+		case <-ctx.Done():
+			return
+		case <-h.demand:
+		}
+		h.gather(ctx)
+		err := h.stream(ctx)
+		if ctx.Err() != nil {
+			return
+		}
+		h.log.Warn("group stream ended; its members restart", "err", err)
+		h.failAll(err)
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(time.Second):
+		}
+	}
+}
+
+// gather waits up to gatherWindow for every configured member to attach.
+func (h *hub) gather(ctx context.Context) {
+	deadline := time.Now().Add(gatherWindow)
+	for time.Now().Before(deadline) {
+		h.mu.Lock()
+		n := len(h.attached)
+		h.mu.Unlock()
+		if n >= h.members {
+			return
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+}
+
+// failAll detaches every attached member with err (their sessions end
+// with it and restart, or halt, by its class).
+func (h *hub) failAll(err error) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	for _, m := range h.attached {
+		m.detach(err)
+	}
+}
+
+// refreshHeld reads the watermarks of every version recorded on the group
+// slot: those not attached hold the slot back at their recorded position;
+// a held version whose row moved to another slot (it left the group) or
+// went away (reset, retired) no longer does.
+func (h *hub) refreshHeld(ctx context.Context) error {
+	cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	conn, err := pgx.Connect(cctx, h.cfg.targetURL)
+	if err != nil {
+		return err
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	rows, err := conn.Query(cctx, `SELECT projection || '/' || version, COALESCE(lsn, '0/0')::text FROM `+
+		pgx.Identifier{h.cfg.schema, "watermarks"}.Sanitize()+` WHERE slot_name = $1`, h.cfg.slot)
+	if err != nil {
+		return err
+	}
+	recorded := map[string]event.LSN{}
+	for rows.Next() {
+		var k, l string
+		if err := rows.Scan(&k, &l); err != nil {
+			return err
+		}
+		if recorded[k], err = event.ParseLSN(l); err != nil {
+			return err
+		}
+	}
+	if err := rows.Err(); err != nil {
+		return err
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	for k := range h.held {
+		if _, ok := recorded[k]; !ok {
+			delete(h.held, k)
+		}
+	}
+	for k, l := range recorded {
+		if _, ok := h.attached[k]; ok {
+			continue
+		}
+		if cur, ok := h.held[k]; !ok || l > cur {
+			h.held[k] = l
+		}
+	}
+	return nil
+}
+
+// errGroupSlotLost ends an in-group member's session when the group's
+// slot is gone or invalidated: the member resyncs on a slot of its own.
+var errGroupSlotLost = errors.New("the group's replication slot is missing or invalidated")
+
+// stream opens the group slot (creating it when no version is recorded on
+// it) and streams it to the attached members until ctx ends or it fails.
+func (h *hub) stream(ctx context.Context) error {
+	if err := h.refreshHeld(ctx); err != nil {
+		return atSource(fmt.Errorf("read the members' watermarks: %w", err))
+	}
+	srcConn, err := pgx.Connect(ctx, h.cfg.sourceURL)
+	if err != nil {
+		return atSource(fmt.Errorf("connect source: %w", err))
+	}
+	defer srcConn.Close(context.WithoutCancel(ctx))
+	info, err := replication.InspectSlot(ctx, srcConn, h.cfg.slot)
+	if err != nil {
+		return atSource(err)
+	}
+	if h.conn != nil {
+		h.conn.Close(context.WithoutCancel(ctx))
+		h.conn = nil
+	}
+	if info.Exists && !info.Lost() {
+		if err := replication.TerminateSlotHolder(ctx, srcConn, h.cfg.slot); err != nil {
+			return atSource(err)
+		}
+	}
+	conn, err := replication.ConnectReplication(ctx, h.cfg.sourceURL)
+	if err != nil {
+		return atSource(err)
+	}
+	h.conn = conn
+	start := info.Confirmed
+	h.mu.Lock()
+	inGroup := len(h.held)
+	for _, m := range h.attached {
+		if !info.Exists || info.Lost() || m.next < start {
+			m.detach(atSlot(errGroupSlotLost))
+		}
+	}
+	h.mu.Unlock()
+	if !info.Exists || info.Lost() {
+		if inGroup > 0 {
+			return atSlot(fmt.Errorf("%w (slot %s) while %d versions are recorded on it: they resync", errGroupSlotLost, h.cfg.slot, inGroup))
+		}
+		if info.Lost() {
+			if err := replication.DropSlot(ctx, srcConn, h.cfg.slot); err != nil {
+				return atSource(err)
+			}
+		}
+		if start, err = replication.CreateSlotAt(ctx, conn, h.cfg.slot); err != nil {
+			return atSource(err)
+		}
+		h.log.Info("created the group's slot", "slot", h.cfg.slot, "consistent_lsn", start.String())
+	}
+	h.mu.Lock()
+	h.streaming, h.startLSN, h.lastBegun, h.sent = true, start, 0, start
+	h.mu.Unlock()
+	defer func() {
+		h.mu.Lock()
+		h.streaming = false
+		h.mu.Unlock()
+	}()
+	h.log.Info("group stream started", "slot", h.cfg.slot, "from", start.String())
+	src := h.cfg.src
+	src.Slot = h.cfg.slot
+	refresh := make(chan struct{})
+	go func() {
+		defer close(refresh)
+		t := time.NewTicker(5 * time.Second)
+		defer t.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+				if err := h.refreshHeld(ctx); err != nil && ctx.Err() == nil {
+					h.log.Warn("read the members' watermarks", "err", err)
+				}
+			}
+		}
+	}()
+	sctx, cancel := context.WithCancel(ctx)
+	defer func() { cancel(); <-refresh }()
+	err = replication.Stream(sctx, conn, src, (*hubSink)(h), h.cfg.opts)
+	return sourceHalt(atSlot(err))
+}
+
+// hubSink is the hub as the stream's sink: it fans each transaction out.
+type hubSink hub
+
+func (s *hubSink) Begin(commit event.LSN, at time.Time) uint64 {
+	h := (*hub)(s)
+	h.mu.Lock()
+	h.lastBegun = commit
+	h.tx = h.tx[:0]
+	for _, m := range h.attached {
+		if commit >= m.next {
+			h.tx = append(h.tx, m)
+		}
+	}
+	h.mu.Unlock()
+	for _, m := range h.tx {
+		m.send(hubMsg{kind: msgBegin, lsn: commit, at: at})
+	}
+	return 0
+}
+
+func (s *hubSink) Event(ctx context.Context, _ uint64, ev *event.Event) error {
+	h := (*hub)(s)
+	if ev != h.cur {
+		h.cur = ev
+		h.pend = append(h.pend[:0], h.tx...)
+	}
+	for len(h.pend) > 0 {
+		m := h.pend[0]
+		select {
+		case m.ch <- hubMsg{kind: msgEvent, ev: ev}:
+		case <-m.done:
+		case <-ctx.Done():
+			return ctx.Err() // offered again: only to the members that have not taken it
+		}
+		h.pend = h.pend[1:]
+	}
+	return nil
+}
+
+func (s *hubSink) Commit(_ uint64, end event.LSN) {
+	h := (*hub)(s)
+	for _, m := range h.tx {
+		m.send(hubMsg{kind: msgCommit, lsn: end})
+	}
+	h.mu.Lock()
+	for _, m := range h.tx {
+		m.next = end
+	}
+	if end > h.sent {
+		h.sent = end
+	}
+	h.mu.Unlock()
+	h.tx = h.tx[:0]
+}
+
+func (s *hubSink) Confirmable() event.LSN { return (*hub)(s).confirmable() }
+
+func (s *hubSink) AdvanceIdle(walEnd event.LSN) {
+	h := (*hub)(s)
+	h.mu.Lock()
+	if walEnd > h.sent {
+		h.sent = walEnd
+	}
+	var to []*member
+	for _, m := range h.attached {
+		if walEnd >= m.next {
+			m.next = walEnd
+			to = append(to, m)
+		}
+	}
+	h.mu.Unlock()
+	for _, m := range to {
+		m.send(hubMsg{kind: msgIdle, lsn: walEnd})
+	}
+}
+
+// joinSink is the sink of a member streaming on a slot of its own: it
+// passes on the transactions committing at or after from, and at each
+// transaction boundary tries to join the group's stream; once joined it
+// passes on nothing more and ends its stream (cancel), the hub delivering
+// from there.
+type joinSink struct {
+	*ledgerSink
+	hub    *hub
+	ctx    context.Context // the session's: the member's feed runs on it
+	spec   rules.Spec
+	cancel context.CancelFunc
+	from   event.LSN // transactions committing below it were applied before
+	at     event.LSN // the own stream delivered every transaction below it
+	skip   bool      // the current transaction commits below from
+	m      *member   // set once joined
+	next   time.Time // when to try again
+}
+
+func (j *joinSink) try() bool {
+	if j.m != nil {
+		return true
+	}
+	if time.Now().Before(j.next) {
+		return false
+	}
+	m, err := j.hub.join(j.ctx, j.spec, j.ledgerSink, max(j.at, j.from), true)
+	if err != nil {
+		j.next = time.Now().Add(10 * time.Millisecond)
+		return false
+	}
+	j.m = m
+	j.cancel()
+	return true
+}
+
+func (j *joinSink) Begin(commit event.LSN, at time.Time) uint64 {
+	if j.try() {
+		return 0
+	}
+	j.skip = commit < j.from
+	if j.skip {
+		return 0
+	}
+	return j.ledgerSink.Begin(commit, at)
+}
+
+func (j *joinSink) Event(ctx context.Context, tok uint64, ev *event.Event) error {
+	switch {
+	case j.m != nil:
+		return context.Canceled
+	case j.skip:
+		return nil
+	}
+	return j.ledgerSink.Event(ctx, tok, ev)
+}
+
+func (j *joinSink) Commit(tok uint64, end event.LSN) {
+	if j.m != nil {
+		return
+	}
+	if !j.skip {
+		j.ledgerSink.Commit(tok, end)
+	}
+	j.skip = false
+	if end > j.at {
+		j.at = end
+	}
+}
+
+func (j *joinSink) AdvanceIdle(walEnd event.LSN) {
+	if j.m != nil {
+		return
+	}
+	if walEnd >= j.from {
+		j.ledgerSink.AdvanceIdle(walEnd)
+	}
+	if walEnd > j.at {
+		j.at = walEnd
+	}
+	j.try()
+}
