@@ -142,7 +142,10 @@ func (m *member) feed(ctx context.Context) error {
 			case msgBegin:
 				tok = m.sink.Begin(msg.lsn, msg.at)
 			case msgEvent:
-				if err := m.sink.Event(ctx, tok, msg.ev); err != nil {
+				// Each member decodes the documents it needs into its own
+				// copy: the decoded event is shared, read only.
+				ev := *msg.ev
+				if err := m.sink.Event(ctx, tok, &ev); err != nil {
 					return err
 				}
 			case msgCommit:

@@ -81,6 +81,7 @@ type foCluster struct {
 // foOptions are per-node settings on top of the shared configuration.
 type foOptions struct {
 	maxActive       int
+	ownGroups       bool // each projection in a group of its own (group = its name)
 	shutdownTimeout time.Duration
 	proxy           *pgtest.Proxy // connect through it
 }
@@ -209,7 +210,11 @@ func (c *foCluster) writeConfig(node, dsn string, o foOptions) string {
 		"max_active_projections": fmt.Sprint(o.maxActive),
 	}).with("retry", map[string]string{"backoff": `"50ms"`, "max_backoff": `"500ms"`})
 	for _, p := range c.projections {
-		cfg.add(projectionTOML(p, 1, "",
+		var keys []string
+		if o.ownGroups {
+			keys = []string{fmt.Sprintf("group = %q", p)}
+		}
+		cfg.add(projectionKeysTOML(p, 1, "", keys,
 			rule{name: "entry", on: "Deposited", op: "insert", table: p + "_entries",
 				set: `event_id = "id", account = "stream_id", amount = "data.amount"`},
 			rule{name: "balance", on: "Deposited", op: "upsert", table: p + "_balances",
@@ -807,11 +812,12 @@ func TestFailoverRollingRestart(t *testing.T) {
 	c.drain(w, p)
 }
 
-// TestFailoverSpread: two nodes, two projections, max_active_projections =
-// 1: each node runs one projection and stands by for the other.
+// TestFailoverSpread: two nodes, two projections in groups of their own,
+// max_active_projections = 1: each node runs one group and stands by for
+// the other.
 func TestFailoverSpread(t *testing.T) {
 	c := newFailoverCluster(t, "spread_a", "spread_b")
-	n1, n2 := c.node("n1", foOptions{maxActive: 1}), c.node("n2", foOptions{maxActive: 1})
+	n1, n2 := c.node("n1", foOptions{maxActive: 1, ownGroups: true}), c.node("n2", foOptions{maxActive: 1, ownGroups: true})
 	w := c.startWriter(2, 40)
 	n1.start()
 	var first string
