@@ -1,0 +1,590 @@
+package integration
+
+// Tests of projection groups: the versions of one group (by default every
+// projection of a configuration) share one replication slot,
+// <slot_prefix>_group_<group>, and one decode of the events table, on the
+// node that holds the group's lock. A version that builds backfills and
+// streams on a slot of its own, then joins the group's stream at a
+// transaction boundary; a paused or halted one detaches and holds the
+// group slot's confirmation back while the others go on.
+//
+// Oracles: each member's read model, cursors and dead letters against the
+// events table (verifyProjection, faultProjection.check, checkAccounting),
+// and the slots: one group slot, every member's watermark on it, no slot
+// of a member's own left, one walsender.
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/jackc/pglogrepl"
+	"github.com/jackc/pgx/v5"
+)
+
+// groupSlot is the slot a group of two or more versions shares
+// (config.GroupSlotName).
+func groupSlot(prefix, group string) string { return prefix + "_group_" + group }
+
+// prefixSlots returns the replication slots of the test's database that
+// pgscribe made for prefix, each with whether a walsender holds it.
+func prefixSlots(t testing.TB, q querier, prefix string) map[string]bool {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	rows, err := q.Query(ctx, `SELECT slot_name::text, active FROM pg_replication_slots
+		WHERE database = current_database() AND starts_with(slot_name::text, $1)`, prefix+"_")
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]bool{}
+	var name string
+	var active bool
+	if _, err := pgx.ForEachRow(rows, []any{&name, &active}, func() error {
+		out[name] = active
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+// gWatermark is a version's watermark row.
+type gWatermark struct {
+	slot, phase string
+	lsn         pglogrepl.LSN
+	ok          bool // the row exists
+}
+
+func loadWatermark(t testing.TB, q querier, projection string, version int) gWatermark {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	var slot, lsn *string
+	var w gWatermark
+	err := q.QueryRow(ctx, `SELECT slot_name, lsn::text, phase FROM pgscribe.watermarks WHERE projection = $1 AND version = $2`,
+		projection, version).Scan(&slot, &lsn, &w.phase)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return w
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	w.ok = true
+	if slot != nil {
+		w.slot = *slot
+	}
+	if lsn != nil {
+		if w.lsn, err = pglogrepl.ParseLSN(*lsn); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return w
+}
+
+// slotConfirmed is the slot's confirmed_flush_lsn (ok false without the
+// slot).
+func slotConfirmed(t testing.TB, q querier, slot string) (pglogrepl.LSN, bool) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	var s *string
+	err := q.QueryRow(ctx, `SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = $1`, slot).Scan(&s)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return 0, false
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s == nil {
+		return 0, true
+	}
+	l, err := pglogrepl.ParseLSN(*s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return l, true
+}
+
+// walsenders counts the walsender processes connected to the test's
+// database.
+func walsenders(ctx context.Context, q querier) (int, error) {
+	var n int
+	err := q.QueryRow(ctx, `SELECT count(*)::int FROM pg_stat_activity WHERE backend_type = 'walsender' AND datname = current_database()`).Scan(&n)
+	return n, err
+}
+
+// gMember names a projection version of a group.
+type gMember struct {
+	name    string
+	version int
+}
+
+// requireOnGroupSlot checks the steady state of a group whose members all
+// run: the group's slot is the only slot of prefix, every member's
+// watermark is on it (phase live), and one walsender streams it.
+func requireOnGroupSlot(t *testing.T, q querier, prefix, group string, members ...gMember) {
+	t.Helper()
+	gslot := groupSlot(prefix, group)
+	slots := prefixSlots(t, q, prefix)
+	if _, ok := slots[gslot]; !ok || len(slots) != 1 {
+		t.Errorf("slots of prefix %s: %v, want only the group's slot %s", prefix, slots, gslot)
+	}
+	for _, m := range members {
+		w := loadWatermark(t, q, m.name, m.version)
+		if w.slot != gslot || w.phase != "live" {
+			t.Errorf("%s v%d watermark: slot %q phase %q, want slot %q phase live", m.name, m.version, w.slot, w.phase, gslot)
+		}
+	}
+	// One walsender, on the group's slot: the members share its decode.
+	waitUntil(t, 30*time.Second, "one walsender, on the group's slot", func(ctx context.Context) (bool, error) {
+		n, err := walsenders(ctx, q)
+		return n == 1 && prefixSlots(t, q, prefix)[gslot], err
+	})
+	for range 10 {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		n, err := walsenders(ctx, q)
+		cancel()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if active := prefixSlots(t, q, prefix); n != 1 || len(active) != 1 || !active[gslot] {
+			t.Errorf("%d walsenders, slots %v: want one walsender, on %s only", n, active, gslot)
+			return
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// requireNoOwnSlotOnGroup fails when a member whose watermark is on the
+// group's slot still has a slot of its own.
+func requireNoOwnSlotOnGroup(t *testing.T, q querier, prefix, group string, members ...gMember) {
+	t.Helper()
+	slots := prefixSlots(t, q, prefix)
+	for _, m := range members {
+		w := loadWatermark(t, q, m.name, m.version)
+		own := slotName(prefix, m.name, m.version)
+		if _, left := slots[own]; w.slot == groupSlot(prefix, group) && left {
+			t.Errorf("%s v%d is recorded on the group's slot, yet its own slot %s still exists", m.name, m.version, own)
+		}
+	}
+}
+
+// linesWith counts n's output lines containing every one of subs.
+func linesWith(n *node, subs ...string) int {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	k := 0
+lines:
+	for _, l := range n.lines {
+		for _, s := range subs {
+			if !strings.Contains(l, s) {
+				continue lines
+			}
+		}
+		k++
+	}
+	return k
+}
+
+// openedProjection is key-only membership: an insert with only a key, one
+// row per account opened.
+func openedProjection() coreProjection {
+	return coreProjection{
+		name: "opened", version: 1,
+		rules:    []rule{{name: "open", on: "AccountOpened", op: "insert", table: "g_opened", key: `account_id = "stream_id"`}},
+		ddl:      `CREATE TABLE IF NOT EXISTS g_opened (account_id text PRIMARY KEY)`,
+		expected: `SELECT stream_id FROM events WHERE type = 'AccountOpened'`,
+		actual:   `SELECT account_id FROM g_opened`,
+		outcome:  `CASE WHEN type = 'AccountOpened' THEN 'applied' ELSE 'skipped' END`,
+	}
+}
+
+// TestGroupShareOneSlot: three projections of the default group with
+// different rules (a per-stream upsert with inc, a key-only insert, an
+// insert per event) build from a backlog and stream under writers. They
+// end exact, each on the group's slot, the only slot of the
+// configuration, streamed by one walsender.
+func TestGroupShareOneSlot(t *testing.T) {
+	stats, opened, act := streamStatsProjection(), openedProjection(), activityProjection()
+	r := newRig(t, []coreProjection{stats, opened, act}, nil)
+	seed := seedFromEnv(t)
+	r.seed(300, 20)
+	a := newAppender(r, 350, 3*time.Millisecond)
+	a.start(3, seed)
+	s := r.start()
+	r.waitStreaming(s, 3*time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	for _, p := range r.projs {
+		r.waitLog(s, 2*time.Minute, `msg="joined the group's stream" projection=`+p.name, 1)
+		r.waitApplied(ctx, p, time.Minute, 200, p.name+" to apply events written while it streams from the group")
+	}
+	a.stop()
+	a.checkErrors()
+	r.waitCaughtUp(2 * time.Minute)
+	r.verify()
+	requireOnGroupSlot(t, r.pool, r.prefix, "default", gMember{stats.name, stats.version}, gMember{opened.name, 1}, gMember{act.name, 1})
+	if n := linesWith(s, `msg="created the group's slot"`); n != 1 {
+		t.Errorf("the group's slot was created %d times, want once", n)
+	}
+	s.terminate(time.Minute)
+	t.Logf("%d events appended by writers", a.events.Load())
+}
+
+// TestGroupKill9WhileJoining: activity runs alone on its own slot; then
+// the configuration adds stream_stats, which makes them a group of two:
+// activity moves from its own slot to the group's, stream_stats backfills
+// on a slot of its own and joins. pgscribe is killed (SIGKILL) around the
+// joins, several times, under writers; between kills one member is reset
+// (its read model truncated), so that it builds and joins again. At the end
+// both are exact, both on the group's slot, and no member recorded on the
+// group's slot has a slot of its own left.
+func TestGroupKill9WhileJoining(t *testing.T) {
+	act, stats := activityProjection(), streamStatsProjection()
+	members := []gMember{{act.name, act.version}, {stats.name, stats.version}}
+	r := newRig(t, []coreProjection{act}, nil)
+	seed := seedFromEnv(t)
+	rng := rand.New(rand.NewPCG(seed, 7))
+	r.seed(500, 20)
+	a := newAppender(r, 560, 3*time.Millisecond)
+	a.start(3, seed)
+
+	// Alone in its group: the version's own slot, as before groups.
+	s := r.start()
+	r.waitStreaming(s, 3*time.Minute)
+	if slots := prefixSlots(t, r.pool, r.prefix); len(slots) != 1 || !slots[r.slot(act)] {
+		t.Errorf("a group of one: slots %v, want only %s", slots, r.slot(act))
+	}
+	s.kill()
+	r.setProjections(act, stats)
+
+	const rounds = 6
+	joined := `msg="joined the group's stream"`
+	for i := range rounds {
+		s = r.start()
+		var where string
+		switch i % 3 {
+		case 0:
+			// While the builder's own stream runs after its backfill, until
+			// it joins: a random moment after the backfill completed.
+			r.waitLog(s, 3*time.Minute, `msg="backfill complete"`, 1)
+			d := time.Duration(rng.IntN(1500)) * time.Millisecond
+			time.Sleep(d) // the random kill moment itself, not synchronisation
+			where = fmt.Sprintf("%s after a backfill completed", d)
+		case 1:
+			// At the first join: the watermark just moved to the group's
+			// slot, the member's own slot is about to be dropped.
+			r.waitLog(s, 3*time.Minute, joined, 1)
+			where = "right after a join"
+		case 2:
+			// Around the group stream's start: members on a slot of their
+			// own try to join it.
+			r.waitLog(s, 3*time.Minute, `msg="group stream started"`, 1)
+			d := time.Duration(rng.IntN(400)) * time.Millisecond
+			time.Sleep(d) // the random kill moment itself, not synchronisation
+			where = fmt.Sprintf("%s after the group stream started", d)
+		}
+		s.kill()
+		var state []string
+		for _, m := range members {
+			w := loadWatermark(t, r.pool, m.name, m.version)
+			state = append(state, fmt.Sprintf("%s: slot %s phase %s", m.name, w.slot, w.phase))
+		}
+		t.Logf("kill %d %s (%d joins logged): %s; slots %v", i+1, where, linesWith(s, joined), strings.Join(state, ", "),
+			prefixSlots(t, r.pool, r.prefix))
+		// The next round builds and joins again: reset a member that is
+		// past its backfill (alternately activity and stream_stats).
+		victim := []coreProjection{act, stats}[i%2]
+		if w := loadWatermark(t, r.pool, victim.name, victim.version); w.ok && w.phase == "live" {
+			res := runCLI(t, pgscribeBinary(t), "reset", "-config", r.config, "-projection", victim.name,
+				"-version", fmt.Sprint(victim.version), "-yes", "-dead-letters")
+			if res.code != 0 {
+				t.Fatalf("reset %s: %s", victim.name, res)
+			}
+			table := map[string]string{act.name: "account_activity", stats.name: "stream_stats"}[victim.name]
+			mustExec(t, r.pool, "TRUNCATE "+table)
+			t.Logf("reset %s", victim.name)
+		}
+	}
+
+	s = r.start()
+	r.waitStreaming(s, 3*time.Minute)
+	// A member reset in the last round builds and joins; the other resumes
+	// from the group's slot.
+	r.waitUntil(2*time.Minute, "every member's watermark on the group's slot", func(context.Context) (bool, error) {
+		for _, m := range members {
+			if w := loadWatermark(t, r.pool, m.name, m.version); w.slot != groupSlot(r.prefix, "default") || w.phase != "live" {
+				return false, nil
+			}
+		}
+		return true, nil
+	})
+	a.stop()
+	a.checkErrors()
+	r.waitCaughtUp(3 * time.Minute)
+	r.verify()
+	requireOnGroupSlot(t, r.pool, r.prefix, "default", members...)
+	requireNoOwnSlotOnGroup(t, r.pool, r.prefix, "default", members...)
+	s.terminate(time.Minute)
+	t.Logf("%d kills; %d events appended by writers", rounds+1, a.events.Load())
+}
+
+// gEnv is a fault environment of two projections of the default group.
+func gEnv(t *testing.T) (*faultEnv, *node, faultProjection, faultProjection) {
+	t.Helper()
+	g1, g2 := faultProjection{name: "g1", types: []string{"Tick"}}, faultProjection{name: "g2", types: []string{"Tick"}}
+	backlog := make([]faultEvent, 0, 200)
+	for i := range 200 {
+		backlog = append(backlog, ev(fmt.Sprintf("b-%d", i%10), "Tick", int64(i)))
+	}
+	e, p := startFault(t, 10, "", backlog, g1, g2)
+	for _, g := range []string{"g1", "g2"} {
+		p.waitLog(waitLong, g+" joining the group", logMsg("joined the group's stream", g))
+	}
+	requireOnGroupSlot(t, e.pool, e.slotPrefix, "default", gMember{"g1", 1}, gMember{"g2", 1})
+	return e, p, g1, g2
+}
+
+// detachedHolds watches, for d under the writer's load, that the detached
+// member's accounting and watermark stay where they are while the other
+// member goes on applying, and that the group slot is never confirmed past
+// the detached member's watermark. It returns that watermark.
+func detachedHolds(t *testing.T, e *faultEnv, w *faultWriter, detached, other string, d time.Duration) pglogrepl.LSN {
+	t.Helper()
+	gslot := groupSlot(e.slotPrefix, "default")
+	held := loadWatermark(t, e.pool, detached, 1)
+	if held.slot != gslot {
+		t.Fatalf("%s detached: watermark on %q, want the group's slot %s", detached, held.slot, gslot)
+	}
+	accounted := e.accounted(t, detached)
+	otherBefore, txBefore := e.accounted(t, other), w.transactions()
+	var confirmed pglogrepl.LSN
+	deadline := time.Now().Add(d)
+	for time.Now().Before(deadline) {
+		if got := e.accounted(t, detached); got != accounted {
+			t.Fatalf("%s is detached, yet went from %d to %d accounted events", detached, accounted, got)
+		}
+		if wm := loadWatermark(t, e.pool, detached, 1); wm.lsn != held.lsn || wm.slot != held.slot {
+			t.Fatalf("%s is detached, yet its watermark moved from %s on %s to %s on %s", detached, held.lsn, held.slot, wm.lsn, wm.slot)
+		}
+		c, ok := slotConfirmed(t, e.pool, gslot)
+		if !ok {
+			t.Fatalf("the group's slot %s is gone while %s is detached", gslot, detached)
+		}
+		if c > held.lsn {
+			t.Fatalf("the group's slot is confirmed to %s, past the detached %s's watermark %s: the WAL it needs is released", c, detached, held.lsn)
+		}
+		confirmed = c
+		time.Sleep(100 * time.Millisecond)
+	}
+	otherAfter := e.accounted(t, other)
+	if w.transactions() == txBefore || otherAfter <= otherBefore {
+		t.Fatalf("while %s was detached the writer committed %d transactions and %s went from %d to %d: proved nothing",
+			detached, w.transactions()-txBefore, other, otherBefore, otherAfter)
+	}
+	t.Logf("%s detached at %s (%d accounted); %s went on from %d to %d; group slot confirmed at %s",
+		detached, held.lsn, accounted, other, otherBefore, otherAfter, confirmed)
+	return held.lsn
+}
+
+// otherExact stops the writer and waits for the member still attached to
+// account for every event, then checks it exactly while the detached one
+// still accounts for n only.
+func otherExact(t *testing.T, e *faultEnv, p *node, w *faultWriter, other faultProjection, detached string, n int64) {
+	t.Helper()
+	w.stop(t)
+	waitAccounted(t, e.pool, waitLong, other.name, 1, p.broken)
+	other.check(t, e)
+	e.checkAccounting(t, other.name)
+	if got := e.accounted(t, detached); got != n {
+		t.Fatalf("%s is detached, yet accounts for %d events, was %d", detached, got, n)
+	}
+}
+
+// rejoined checks, after mark, that member caught up on a copy of the
+// group's slot and joined the group's stream again, and then the steady
+// state of the group.
+func rejoined(t *testing.T, e *faultEnv, p *node, mark int, member string) {
+	t.Helper()
+	waitUntil(t, waitLong, member+" to join the group's stream again", func(context.Context) (bool, error) {
+		return p.countLogAfter(mark, logMsg("joined the group's stream", member)) > 0, nil
+	}, p.broken)
+	if p.countLogAfter(mark, logMsg("streaming from a copy of the group's slot", member)) == 0 {
+		t.Errorf("%s rejoined without catching up on a copy of the group's slot", member)
+	}
+	requireOnGroupSlot(t, e.pool, e.slotPrefix, "default", gMember{"g1", 1}, gMember{"g2", 1})
+}
+
+// TestGroupMemberHaltedOthersContinue: of a group of two, g2 halts (a
+// renamed read-model column, SQLSTATE 42703). g1 goes on applying under
+// load and ends exact; g2's watermark stays, and holds the group's slot
+// back. After the column is renamed back, `pgscribe resume` has g2 catch
+// up on a copy of the group's slot and join again; both end exact.
+func TestGroupMemberHaltedOthersContinue(t *testing.T) {
+	e, p, g1, g2 := gEnv(t)
+	w := startWriter(e.dsn, 8, 4, 5*time.Millisecond)
+	defer func() {
+		select {
+		case <-w.stopc:
+		default:
+			w.stop(t)
+		}
+	}()
+	waitFor(t, waitLong, "g2 to apply the writer's events", func() bool { return e.accounted(t, "g2") > 400 })
+	e.exec(t, `ALTER TABLE g2_rows RENAME COLUMN v TO v_gone`)
+	p.waitHalted("g2", "42703")
+	if v := p.metric("pgscribe_halted", projLabels("g1")); v != 0 {
+		t.Errorf("g1 halted too: pgscribe_halted = %v", v)
+	}
+	detachedHolds(t, e, w, "g2", "g1", 3*time.Second)
+	otherExact(t, e, p, w, g1, "g2", e.accounted(t, "g2"))
+
+	e.exec(t, `ALTER TABLE g2_rows RENAME COLUMN v_gone TO v`)
+	mark := p.mark()
+	e.operate(t, 0, "resume", "-projection", "g2", "-version", "1")
+	waitAccounted(t, e.pool, waitLong, "g2", 1, p.broken)
+	rejoined(t, e, p, mark, "g2")
+	// Both on the shared stream again: new events reach both.
+	evs := make([]faultEvent, 0, 100)
+	for i := range 100 {
+		evs = append(evs, ev(fmt.Sprintf("x-%d", i%7), "Tick", int64(10000+i)))
+	}
+	e.appendEvents(t, evs...)
+	e.verifyClean(t, p, g1, g2)
+	waitMetric(t, p, "pgscribe_halted", "g2", 0, 10*time.Second)
+	p.stop()
+}
+
+// TestGroupMemberPausedOthersContinue: `pgscribe pause` of g2 detaches it
+// from the group's stream: g1 goes on under load and ends exact, g2's
+// watermark holds the group's slot back. After `pgscribe resume` g2
+// catches up on a copy of the group's slot, joins again, and both end
+// exact.
+func TestGroupMemberPausedOthersContinue(t *testing.T) {
+	e, p, g1, g2 := gEnv(t)
+	w := startWriter(e.dsn, 8, 4, 5*time.Millisecond)
+	defer func() {
+		select {
+		case <-w.stopc:
+		default:
+			w.stop(t)
+		}
+	}()
+	waitFor(t, waitLong, "g2 to apply the writer's events", func() bool { return e.accounted(t, "g2") > 400 })
+	e.operate(t, 0, "pause", "-projection", "g2", "-version", "1", "-reason", "group test")
+	waitMetric(t, p, "pgscribe_paused", "g2", 1, 10*time.Second)
+	if v := p.metric("pgscribe_paused", projLabels("g1")); v != 0 {
+		t.Errorf("g1 paused too: pgscribe_paused = %v", v)
+	}
+	// The pause ends the session the way a graceful stop does; let its
+	// final watermark land.
+	time.Sleep(time.Second) // settle: the paused session's last save, not a condition anything reports
+	detachedHolds(t, e, w, "g2", "g1", 3*time.Second)
+	otherExact(t, e, p, w, g1, "g2", e.accounted(t, "g2"))
+
+	mark := p.mark()
+	e.operate(t, 0, "resume", "-projection", "g2", "-version", "1")
+	waitAccounted(t, e.pool, waitLong, "g2", 1, p.broken)
+	waitMetric(t, p, "pgscribe_paused", "g2", 0, 10*time.Second)
+	rejoined(t, e, p, mark, "g2")
+	evs := make([]faultEvent, 0, 100)
+	for i := range 100 {
+		evs = append(evs, ev(fmt.Sprintf("x-%d", i%7), "Tick", int64(10000+i)))
+	}
+	e.appendEvents(t, evs...)
+	e.verifyClean(t, p, g1, g2)
+	p.stop()
+}
+
+// groupLease is the lease row of a group's lock.
+func (c *foCluster) groupLease(group string) foLease {
+	c.t.Helper()
+	var l foLease
+	err := c.admin.QueryRow(c.ctx, `SELECT node, epoch, acquired_at FROM pgscribe.leases WHERE projection = $1 AND version = 0`,
+		"group:"+group).Scan(&l.node, &l.epoch, &l.acquired)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return foLease{}
+	}
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	return l
+}
+
+// TestGroupFailoverUnderLoad: a group of three (two failover projections
+// and the W6 shape) on n1, n2 standing by, a writer under load. kill -9 of
+// n1: n2 takes the group's lock and every member's (the lease rows say
+// n2, epochs bumped), applies, and every member ends exact, with
+// `pgscribe verify` finding no drift, on the group's slot only.
+func TestGroupFailoverUnderLoad(t *testing.T) {
+	const pa, pb = "gfa", "gfb"
+	c := newFailoverCluster(t, pa, pb)
+	c.addProjection(w6Projection())
+	members := []string{pa, pb, "w6"}
+	n1, n2, w := c.livePair(pa)
+	for _, m := range members[1:] {
+		n1.waitState(m, "live", 60*time.Second)
+		n2.waitState(m, "standby", 30*time.Second)
+	}
+	w.waitWritten(t, 400)
+	if l := c.groupLease("default"); l.node != "n1" {
+		t.Fatalf("group lease on %q before the kill, want n1", l.node)
+	}
+	before := map[string]foLease{}
+	for _, m := range members {
+		before[m] = c.lease(m)
+		if before[m].node != "n1" {
+			t.Fatalf("%s lease on %q before the kill, want n1 (all members on the group's node)", m, before[m].node)
+		}
+	}
+	gBefore := c.groupLease("default")
+
+	t0 := time.Now()
+	n1.signal(syscall.SIGKILL)
+	gl := waitGroupTakeover(c, gBefore, foStandbyPoll+foSlack+10*time.Second)
+	for _, m := range members {
+		l := c.waitTakeover(m, before[m], "n1", 30*time.Second)
+		if l.node != "n2" {
+			t.Errorf("%s taken over by %q, want n2", m, l.node)
+		}
+	}
+	for _, m := range members {
+		n2.waitState(m, "live", 60*time.Second)
+	}
+	c.waitProgress(pa, n2, 30*time.Second)
+	c.waitProgress(pb, n2, 30*time.Second)
+	t.Logf("kill -9: group lock taken by %s (epoch %d → %d) %s after the kill", gl.node, gBefore.epoch, gl.epoch, foSince(t0, gl.acquired))
+	n1.wait(10 * time.Second)
+
+	w.waitWritten(t, 400)
+	c.drain(w, pa, pb)
+	requireW6Poison(t, c.admin)
+	if l := c.groupLease("default"); l.node != "n2" {
+		t.Errorf("group lease on %q after the takeover, want n2", l.node)
+	}
+	gm := []gMember{{pa, 1}, {pb, 1}, {"w6", 1}}
+	requireOnGroupSlot(t, c.admin, c.id, "default", gm...)
+	requireNoOwnSlotOnGroup(t, c.admin, c.id, "default", gm...)
+	verifyCfg := c.writeConfig("verify", c.dsn, foOptions{})
+	for _, m := range members {
+		requireNoDrift(t, c.bin, verifyCfg, m, 1)
+	}
+}
+
+// waitGroupTakeover waits until a node other than n1 holds the group's
+// lock with an epoch past before's.
+func waitGroupTakeover(c *foCluster, before foLease, timeout time.Duration) foLease {
+	c.t.Helper()
+	var l foLease
+	waitFor(c.t, timeout, "a takeover of the group's lock from n1", func() bool {
+		l = c.groupLease("default")
+		return l.epoch > before.epoch && l.node != "n1"
+	})
+	return l
+}
