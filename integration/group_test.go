@@ -131,21 +131,27 @@ type gMember struct {
 func requireOnGroupSlot(t *testing.T, q querier, prefix, group string, members ...gMember) {
 	t.Helper()
 	gslot := groupSlot(prefix, group)
-	slots := prefixSlots(t, q, prefix)
-	if _, ok := slots[gslot]; !ok || len(slots) != 1 {
-		t.Errorf("slots of prefix %s: %v, want only the group's slot %s", prefix, slots, gslot)
-	}
 	for _, m := range members {
 		w := loadWatermark(t, q, m.name, m.version)
 		if w.slot != gslot || w.phase != "live" {
 			t.Errorf("%s v%d watermark: slot %q phase %q, want slot %q phase live", m.name, m.version, w.slot, w.phase, gslot)
 		}
 	}
-	// One walsender, on the group's slot: the members share its decode.
-	waitUntil(t, 30*time.Second, "one walsender, on the group's slot", func(ctx context.Context) (bool, error) {
-		n, err := walsenders(ctx, q)
-		return n == 1 && prefixSlots(t, q, prefix)[gslot], err
+	// A member logs its join once its watermark is on the group's slot,
+	// and drops its own slot next: wait for the drops, and for one
+	// walsender, on the group's slot (the members share its decode).
+	var slots map[string]bool
+	var n int
+	ok := poll(t, 30*time.Second, "the group's slot alone, streamed by one walsender", func(ctx context.Context) (bool, error) {
+		var err error
+		n, err = walsenders(ctx, q)
+		slots = prefixSlots(t, q, prefix)
+		return n == 1 && len(slots) == 1 && slots[gslot], err
 	})
+	if !ok {
+		t.Errorf("%d walsenders, slots of prefix %s %v (name: active): want one walsender, on %s, the only slot", n, prefix, slots, gslot)
+		return
+	}
 	for range 10 {
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		n, err := walsenders(ctx, q)
@@ -153,8 +159,8 @@ func requireOnGroupSlot(t *testing.T, q querier, prefix, group string, members .
 		if err != nil {
 			t.Fatal(err)
 		}
-		if active := prefixSlots(t, q, prefix); n != 1 || len(active) != 1 || !active[gslot] {
-			t.Errorf("%d walsenders, slots %v: want one walsender, on %s only", n, active, gslot)
+		if slots := prefixSlots(t, q, prefix); n != 1 || len(slots) != 1 || !slots[gslot] {
+			t.Errorf("%d walsenders, slots %v: want one walsender, on %s, the only slot", n, slots, gslot)
 			return
 		}
 		time.Sleep(100 * time.Millisecond)
