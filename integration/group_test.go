@@ -131,36 +131,39 @@ type gMember struct {
 func requireOnGroupSlot(t *testing.T, q querier, prefix, group string, members ...gMember) {
 	t.Helper()
 	gslot := groupSlot(prefix, group)
-	for _, m := range members {
-		w := loadWatermark(t, q, m.name, m.version)
-		if w.slot != gslot || w.phase != "live" {
-			t.Errorf("%s v%d watermark: slot %q phase %q, want slot %q phase live", m.name, m.version, w.slot, w.phase, gslot)
-		}
-	}
 	// A member logs its join once its watermark is on the group's slot,
-	// and drops its own slot next: wait for the drops, and for one
-	// walsender, on the group's slot (the members share its decode).
-	var slots map[string]bool
-	var n int
-	ok := poll(t, 30*time.Second, "the group's slot alone, streamed by one walsender", func(ctx context.Context) (bool, error) {
-		var err error
-		n, err = walsenders(ctx, q)
-		slots = prefixSlots(t, q, prefix)
-		return n == 1 && len(slots) == 1 && slots[gslot], err
-	})
-	if !ok {
-		t.Errorf("%d walsenders, slots of prefix %s %v (name: active): want one walsender, on %s, the only slot", n, prefix, slots, gslot)
+	// and drops its own slot next; a member that is still catching up on a
+	// slot of its own joins in a moment. Wait for that state, then check
+	// that it holds.
+	var why string
+	state := func(ctx context.Context) (bool, error) {
+		for _, m := range members {
+			if w := loadWatermark(t, q, m.name, m.version); w.slot != gslot || w.phase != "live" {
+				why = fmt.Sprintf("%s v%d watermark: slot %q phase %q, want slot %q phase live", m.name, m.version, w.slot, w.phase, gslot)
+				return false, nil
+			}
+		}
+		n, err := walsenders(ctx, q)
+		if err != nil {
+			return false, err
+		}
+		slots := prefixSlots(t, q, prefix)
+		why = fmt.Sprintf("%d walsenders, slots of prefix %s %v (name: active): want one walsender, on %s, the only slot", n, prefix, slots, gslot)
+		return n == 1 && len(slots) == 1 && slots[gslot], nil
+	}
+	if !poll(t, 30*time.Second, "every member on the group's slot, alone, one walsender", state) {
+		t.Errorf("%s", why)
 		return
 	}
 	for range 10 {
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		n, err := walsenders(ctx, q)
+		ok, err := state(ctx)
 		cancel()
 		if err != nil {
 			t.Fatal(err)
 		}
-		if slots := prefixSlots(t, q, prefix); n != 1 || len(slots) != 1 || !slots[gslot] {
-			t.Errorf("%d walsenders, slots %v: want one walsender, on %s, the only slot", n, slots, gslot)
+		if !ok {
+			t.Errorf("after the group's steady state: %s", why)
 			return
 		}
 		time.Sleep(100 * time.Millisecond)
@@ -538,6 +541,10 @@ func TestGroupFailoverUnderLoad(t *testing.T) {
 		n1.waitState(m, "live", 60*time.Second)
 		n2.waitState(m, "standby", 30*time.Second)
 	}
+	// Every member streams from the group's slot on n1 before the kill.
+	for _, m := range members {
+		n1.waitLog(60*time.Second, m+" joining the group", logMsg("joined the group's stream", m))
+	}
 	w.waitWritten(t, 400)
 	if l := c.groupLease("default"); l.node != "n1" {
 		t.Fatalf("group lease on %q before the kill, want n1", l.node)
@@ -562,6 +569,8 @@ func TestGroupFailoverUnderLoad(t *testing.T) {
 	}
 	for _, m := range members {
 		n2.waitState(m, "live", 60*time.Second)
+		// The new node picks up the group's stream where n1 left it.
+		n2.waitLog(60*time.Second, m+" resuming from the group's slot", logMsg("resuming from the group's slot", m))
 	}
 	c.waitProgress(pa, n2, 30*time.Second)
 	c.waitProgress(pb, n2, 30*time.Second)
