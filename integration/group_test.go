@@ -184,6 +184,30 @@ func requireNoOwnSlotOnGroup(t *testing.T, q querier, prefix, group string, memb
 	}
 }
 
+// requireGroupConfirmed waits until the group's slot is confirmed up to the
+// lowest watermark of its members (nothing else holds it back once they
+// all caught up and the writers stopped): the shared slot does not retain
+// WAL for ever.
+func requireGroupConfirmed(t *testing.T, q querier, prefix, group string, members ...gMember) pglogrepl.LSN {
+	t.Helper()
+	gslot := groupSlot(prefix, group)
+	var low, confirmed pglogrepl.LSN
+	ok := poll(t, 30*time.Second, "the group's slot confirmed to its members' watermarks", func(context.Context) (bool, error) {
+		low = 0
+		for i, m := range members {
+			if w := loadWatermark(t, q, m.name, m.version); i == 0 || w.lsn < low {
+				low = w.lsn
+			}
+		}
+		confirmed, _ = slotConfirmed(t, q, gslot)
+		return confirmed > 0 && confirmed >= low, nil
+	})
+	if !ok {
+		t.Errorf("the group's slot %s is confirmed at %s, below its members' lowest watermark %s", gslot, confirmed, low)
+	}
+	return confirmed
+}
+
 // linesWith counts n's output lines containing every one of subs.
 func linesWith(n *node, subs ...string) int {
 	n.mu.Lock()
@@ -221,7 +245,8 @@ func openedProjection() coreProjection {
 // configuration, streamed by one walsender.
 func TestGroupShareOneSlot(t *testing.T) {
 	stats, opened, act := streamStatsProjection(), openedProjection(), activityProjection()
-	r := newRig(t, []coreProjection{stats, opened, act}, nil)
+	// A group counts as one against max_active_projections: all three run.
+	r := newRig(t, []coreProjection{stats, opened, act}, map[string]string{"max_active_projections": "1"})
 	seed := seedFromEnv(t)
 	r.seed(300, 20)
 	a := newAppender(r, 350, 3*time.Millisecond)
@@ -238,7 +263,9 @@ func TestGroupShareOneSlot(t *testing.T) {
 	a.checkErrors()
 	r.waitCaughtUp(2 * time.Minute)
 	r.verify()
-	requireOnGroupSlot(t, r.pool, r.prefix, "default", gMember{stats.name, stats.version}, gMember{opened.name, 1}, gMember{act.name, 1})
+	gm := []gMember{{stats.name, stats.version}, {opened.name, 1}, {act.name, 1}}
+	requireOnGroupSlot(t, r.pool, r.prefix, "default", gm...)
+	requireGroupConfirmed(t, r.pool, r.prefix, "default", gm...)
 	if n := linesWith(s, `msg="created the group's slot"`); n != 1 {
 		t.Errorf("the group's slot was created %d times, want once", n)
 	}
@@ -419,7 +446,7 @@ func otherExact(t *testing.T, e *faultEnv, p *node, w *faultWriter, other faultP
 // rejoined checks, after mark, that member caught up on a copy of the
 // group's slot and joined the group's stream again, and then the steady
 // state of the group.
-func rejoined(t *testing.T, e *faultEnv, p *node, mark int, member string) {
+func rejoined(t *testing.T, e *faultEnv, p *node, mark int, member string, held pglogrepl.LSN) {
 	t.Helper()
 	waitUntil(t, waitLong, member+" to join the group's stream again", func(context.Context) (bool, error) {
 		return p.countLogAfter(mark, logMsg("joined the group's stream", member)) > 0, nil
@@ -427,7 +454,11 @@ func rejoined(t *testing.T, e *faultEnv, p *node, mark int, member string) {
 	if p.countLogAfter(mark, logMsg("streaming from a copy of the group's slot", member)) == 0 {
 		t.Errorf("%s rejoined without catching up on a copy of the group's slot", member)
 	}
-	requireOnGroupSlot(t, e.pool, e.slotPrefix, "default", gMember{"g1", 1}, gMember{"g2", 1})
+	gm := []gMember{{"g1", 1}, {"g2", 1}}
+	requireOnGroupSlot(t, e.pool, e.slotPrefix, "default", gm...)
+	if c := requireGroupConfirmed(t, e.pool, e.slotPrefix, "default", gm...); c <= held {
+		t.Errorf("the group's slot is still confirmed at %s, at or below %s where %s detached", c, held, member)
+	}
 }
 
 // TestGroupMemberHaltedOthersContinue: of a group of two, g2 halts (a
@@ -451,14 +482,14 @@ func TestGroupMemberHaltedOthersContinue(t *testing.T) {
 	if v := p.metric("pgscribe_halted", projLabels("g1")); v != 0 {
 		t.Errorf("g1 halted too: pgscribe_halted = %v", v)
 	}
-	detachedHolds(t, e, w, "g2", "g1", 3*time.Second)
+	held := detachedHolds(t, e, w, "g2", "g1", 3*time.Second)
 	otherExact(t, e, p, w, g1, "g2", e.accounted(t, "g2"))
 
 	e.exec(t, `ALTER TABLE g2_rows RENAME COLUMN v_gone TO v`)
 	mark := p.mark()
 	e.operate(t, 0, "resume", "-projection", "g2", "-version", "1")
 	waitAccounted(t, e.pool, waitLong, "g2", 1, p.broken)
-	rejoined(t, e, p, mark, "g2")
+	rejoined(t, e, p, mark, "g2", held)
 	// Both on the shared stream again: new events reach both.
 	evs := make([]faultEvent, 0, 100)
 	for i := range 100 {
@@ -472,7 +503,8 @@ func TestGroupMemberHaltedOthersContinue(t *testing.T) {
 
 // TestGroupMemberPausedOthersContinue: `pgscribe pause` of g2 detaches it
 // from the group's stream: g1 goes on under load and ends exact, g2's
-// watermark holds the group's slot back. After `pgscribe resume` g2
+// watermark holds the group's slot back, also after a kill -9 and restart
+// of the node while g2 is paused. After `pgscribe resume` g2
 // catches up on a copy of the group's slot, joins again, and both end
 // exact.
 func TestGroupMemberPausedOthersContinue(t *testing.T) {
@@ -494,14 +526,28 @@ func TestGroupMemberPausedOthersContinue(t *testing.T) {
 	// The pause ends the session the way a graceful stop does; let its
 	// final watermark land.
 	time.Sleep(time.Second) // settle: the paused session's last save, not a condition anything reports
-	detachedHolds(t, e, w, "g2", "g1", 3*time.Second)
+	held := detachedHolds(t, e, w, "g2", "g1", 3*time.Second)
+
+	// kill -9 while g2 is paused: the restarted node runs g1 from the
+	// group's slot, g2 waits paused, and its recorded watermark still holds
+	// the group's slot back.
+	p.kill()
+	mark := p.mark()
+	p.start()
+	waitMetric(t, p, "pgscribe_paused", "g2", 1, waitLong)
+	waitUntil(t, waitLong, "g1 resuming from the group's slot", func(context.Context) (bool, error) {
+		return p.countLogAfter(mark, logMsg("resuming from the group's slot", "g1")) > 0, nil
+	}, p.broken)
+	if again := detachedHolds(t, e, w, "g2", "g1", 3*time.Second); again != held {
+		t.Errorf("g2's watermark moved from %s to %s across the restart while paused", held, again)
+	}
 	otherExact(t, e, p, w, g1, "g2", e.accounted(t, "g2"))
 
-	mark := p.mark()
+	mark = p.mark()
 	e.operate(t, 0, "resume", "-projection", "g2", "-version", "1")
 	waitAccounted(t, e.pool, waitLong, "g2", 1, p.broken)
 	waitMetric(t, p, "pgscribe_paused", "g2", 0, 10*time.Second)
-	rejoined(t, e, p, mark, "g2")
+	rejoined(t, e, p, mark, "g2", held)
 	evs := make([]faultEvent, 0, 100)
 	for i := range 100 {
 		evs = append(evs, ev(fmt.Sprintf("x-%d", i%7), "Tick", int64(10000+i)))
