@@ -649,3 +649,25 @@ func waitGroupTakeover(c *foCluster, before foLease, timeout time.Duration) foLe
 	})
 	return l
 }
+
+// TestGroupStatus: `pgscribe status` of members that stream from the
+// group's slot shows them live, with the WAL the group's slot retains,
+// and tells the operator of no missing slot or rebuild.
+func TestGroupStatus(t *testing.T) {
+	e, p, g1, g2 := gEnv(t)
+	e.appendEvents(t, ev("s-1", "Tick", 1), ev("s-2", "Tick", 2))
+	e.verifyClean(t, p, g1, g2)
+	for _, m := range []string{"g1", "g2"} {
+		st := e.opStatus(t, m)
+		if st.State != "live" || st.WALRetained == nil {
+			t.Errorf("status of %s on the group's slot: state %q, WAL retained %v; want live, with the WAL retained shown", m, st.State, st.WALRetained)
+		}
+		for _, n := range st.Notes {
+			if strings.Contains(n, "missing") || strings.Contains(n, "rebuild") || strings.Contains(n, "resync") {
+				t.Errorf("status of %s on the group's slot notes %q", m, n)
+			}
+		}
+	}
+	t.Logf("status -json:\n%s", e.operate(t, 0, "status", "-json"))
+	p.stop()
+}
