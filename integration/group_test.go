@@ -15,6 +15,7 @@ package integration
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"math/rand/v2"
@@ -713,4 +714,84 @@ func TestGroupStatus(t *testing.T) {
 	}
 	t.Logf("status -json:\n%s", e.operate(t, 0, "status", "-json"))
 	p.stop()
+}
+
+// TestGroupShrinkToOne: a group of two (activity, stream_stats) on the
+// group's slot; the configuration then drops stream_stats, leaving
+// activity alone in its group: it continues on a copy of the group's slot
+// (its own slot, as a version alone runs), exact under writers, while
+// stream_stats's recorded watermark keeps the group's slot. Once
+// stream_stats is reset (its watermark gone, "how its slot stops retaining
+// WAL"), no version is recorded on the group's slot: after a restart it
+// must not be left retaining WAL unseen — dropped, or at least listed by
+// `pgscribe status` among the slots no configured version uses.
+func TestGroupShrinkToOne(t *testing.T) {
+	act, stats := activityProjection(), streamStatsProjection()
+	r := newRig(t, []coreProjection{act, stats}, nil)
+	seed := seedFromEnv(t)
+	r.seed(200, 10)
+	a := newAppender(r, 240, 3*time.Millisecond)
+	a.start(2, seed)
+	s := r.start()
+	r.waitStreaming(s, 3*time.Minute)
+	requireOnGroupSlot(t, r.pool, r.prefix, "default", gMember{act.name, act.version}, gMember{stats.name, stats.version})
+	s.terminate(time.Minute)
+	statsHeld := loadWatermark(t, r.pool, stats.name, stats.version)
+
+	r.setProjections(act)
+	s = r.start()
+	r.waitLog(s, 2*time.Minute, `msg="streaming from a copy of the group's slot" projection=activity`, 1)
+	r.waitStreaming(s, 3*time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	r.waitApplied(ctx, act, time.Minute, 200, "activity to apply events on its own slot")
+	a.stop()
+	a.checkErrors()
+	r.waitCaughtUp(2 * time.Minute)
+	r.verify()
+	gslot := groupSlot(r.prefix, "default")
+	if w := loadWatermark(t, r.pool, act.name, act.version); w.slot != r.slot(act) {
+		t.Errorf("activity alone in its group: watermark on %q, want its own slot %s", w.slot, r.slot(act))
+	}
+	slots := prefixSlots(t, r.pool, r.prefix)
+	if _, ok := slots[r.slot(act)]; !ok {
+		t.Errorf("activity alone in its group: slots %v, want its own %s", slots, r.slot(act))
+	}
+	// stream_stats is still recorded on the group's slot: it holds there.
+	if c, ok := slotConfirmed(t, r.pool, gslot); !ok || c > statsHeld.lsn {
+		t.Errorf("the group's slot (exists %v) confirmed at %s, want it kept at or below stream_stats's watermark %s", ok, c, statsHeld.lsn)
+	}
+
+	s.terminate(time.Minute)
+	if res := runCLI(t, pgscribeBinary(t), "reset", "-config", r.config, "-projection", stats.name, "-version", fmt.Sprint(stats.version), "-yes", "-dead-letters"); res.code != 0 {
+		t.Fatalf("reset %s: %s", stats.name, res)
+	}
+	s = r.start()
+	r.waitStreaming(s, 3*time.Minute)
+	r.bulk("late-", 50, 4)
+	r.waitCaughtUp(2 * time.Minute)
+	r.verify()
+	if poll(t, 30*time.Second, "the group's slot dropped", func(context.Context) (bool, error) {
+		_, left := prefixSlots(t, r.pool, r.prefix)[gslot]
+		return !left, nil
+	}) {
+		return
+	}
+	res := runCLI(t, pgscribeBinary(t), "status", "-config", r.config, "-json")
+	var rep struct {
+		Unconfigured []struct {
+			Slot string `json:"slot"`
+		} `json:"unconfigured_slots"`
+	}
+	if err := json.Unmarshal([]byte(res.stdout), &rep); err != nil {
+		t.Fatalf("status -json: %v\n%s", err, res)
+	}
+	for _, u := range rep.Unconfigured {
+		if u.Slot == gslot {
+			return
+		}
+	}
+	retained := scalar[int64](t, r.pool, `SELECT (pg_current_wal_lsn() - restart_lsn)::bigint FROM pg_replication_slots WHERE slot_name = $1`, gslot)
+	t.Errorf("no version is recorded on the group's slot %s any more, yet it still exists (retaining %d bytes of WAL), and status lists it nowhere: unconfigured_slots %+v; watermarks on it: %d",
+		gslot, retained, rep.Unconfigured, scalar[int64](t, r.pool, `SELECT count(*) FROM pgscribe.watermarks WHERE slot_name = $1`, gslot))
 }
