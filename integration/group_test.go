@@ -795,3 +795,52 @@ func TestGroupShrinkToOne(t *testing.T) {
 	t.Errorf("no version is recorded on the group's slot %s any more, yet it still exists (retaining %d bytes of WAL), and status lists it nowhere: unconfigured_slots %+v; watermarks on it: %d",
 		gslot, retained, rep.Unconfigured, scalar[int64](t, r.pool, `SELECT count(*) FROM pgscribe.watermarks WHERE slot_name = $1`, gslot))
 }
+
+// TestGroupKill9WhileCatchingUp: g2 is paused under load, so that the
+// group's stream passes it; on resume it catches up on a copy of the
+// group's slot before it joins again. pgscribe is killed (SIGKILL) during
+// that catch-up, at a random moment, three times; after each restart g2
+// catches up and joins again. Both end exact, on the group's slot only.
+func TestGroupKill9WhileCatchingUp(t *testing.T) {
+	e, p, g1, g2 := gEnv(t)
+	seed := seedFromEnv(t)
+	rng := rand.New(rand.NewPCG(seed, 11))
+	w := startWriter(e.dsn, 8, 4, 2*time.Millisecond)
+	defer func() {
+		select {
+		case <-w.stopc:
+		default:
+			w.stop(t)
+		}
+	}()
+	for round := range 3 {
+		e.operate(t, 0, "pause", "-projection", "g2", "-version", "1")
+		waitMetric(t, p, "pgscribe_paused", "g2", 1, waitLong)
+		base := e.accounted(t, "g1")
+		waitFor(t, waitLong, "g1 to pass the paused g2", func() bool { return e.accounted(t, "g1") > base+1500 })
+		mark := p.mark()
+		e.operate(t, 0, "resume", "-projection", "g2", "-version", "1")
+		waitUntil(t, waitLong, "g2 to catch up on a copy of the group's slot", func(context.Context) (bool, error) {
+			return p.countLogAfter(mark, logMsg("streaming from a copy of the group's slot", "g2")) > 0, nil
+		}, p.broken)
+		d := time.Duration(rng.IntN(300)) * time.Millisecond
+		time.Sleep(d) // the random kill moment itself, not synchronisation
+		joined := p.countLogAfter(mark, logMsg("joined the group's stream", "g2")) > 0
+		p.kill()
+		wm := loadWatermark(t, e.pool, "g2", 1)
+		t.Logf("round %d: killed %s into g2's catch-up (joined already: %v): g2 watermark on %s at %s; slots %v",
+			round, d, joined, wm.slot, wm.lsn, prefixSlots(t, e.pool, e.slotPrefix))
+		mark = p.mark()
+		p.start()
+		waitUntil(t, waitLong, "g2 on the group's stream again", func(context.Context) (bool, error) {
+			return p.countLogAfter(mark, logMsg("joined the group's stream", "g2"))+
+				p.countLogAfter(mark, logMsg("resuming from the group's slot", "g2")) > 0, nil
+		}, p.broken)
+	}
+	w.stop(t)
+	e.verifyClean(t, p, g1, g2)
+	gm := []gMember{{"g1", 1}, {"g2", 1}}
+	requireOnGroupSlot(t, e.pool, e.slotPrefix, "default", gm...)
+	requireGroupConfirmed(t, e.pool, e.slotPrefix, "default", gm...)
+	p.stop()
+}

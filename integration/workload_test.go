@@ -486,12 +486,14 @@ func (r *rig) outOfOrderCommits(ctx context.Context) int64 {
 	WHERE committed < lower_committed`)
 }
 
-// slotState returns the confirmed_flush_lsn of p's slot and whether it
-// exists.
+// slotState returns the confirmed_flush_lsn of the slot p streams from and
+// whether it exists: the slot its watermark is recorded on (its group's,
+// once it joined a group of two or more), else its own.
 func (r *rig) slotState(ctx context.Context, p coreProjection) (confirmed pglogrepl.LSN, exists bool, err error) {
 	var s *string
-	err = r.pool.QueryRow(ctx, `SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = $1`,
-		r.slot(p)).Scan(&s)
+	err = r.pool.QueryRow(ctx, `SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = coalesce(
+		(SELECT slot_name FROM pgscribe.watermarks WHERE projection = $2 AND version = $3), $1)`,
+		r.slot(p), p.name, p.version).Scan(&s)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return 0, false, nil
 	}
