@@ -820,14 +820,22 @@ func TestGroupKill9WhileCatchingUp(t *testing.T) {
 	for round := range 3 {
 		e.operate(t, 0, "pause", "-projection", "g2", "-version", "1")
 		waitMetric(t, p, "pgscribe_paused", "g2", 1, waitLong)
-		base := e.accounted(t, "g1")
-		waitFor(t, waitLong, "g1 to pass the paused g2", func() bool { return e.accounted(t, "g1") > base+800 })
+		// A backlog of large transactions besides the writer's, so that
+		// the catch-up lasts long enough for the kill to land in it.
+		for tx := range 8 {
+			evs := make([]faultEvent, 0, 1000)
+			for i := range 1000 {
+				evs = append(evs, ev(fmt.Sprintf("c-%d", i%40), "Tick", int64(round*100000+tx*1000+i)))
+			}
+			e.appendEvents(t, evs...)
+		}
+		waitFor(t, waitLong, "g1 to pass the paused g2", func() bool { return e.accounted(t, "g1") >= e.events(t)-200 })
 		mark := p.mark()
 		e.operate(t, 0, "resume", "-projection", "g2", "-version", "1")
 		waitUntil(t, waitLong, "g2 to catch up on a copy of the group's slot", func(context.Context) (bool, error) {
 			return p.countLogAfter(mark, logMsg("streaming from a copy of the group's slot", "g2")) > 0, nil
 		}, p.broken)
-		d := time.Duration(rng.IntN(300)) * time.Millisecond
+		d := time.Duration(rng.IntN(1000)) * time.Millisecond
 		time.Sleep(d) // the random kill moment itself, not synchronisation
 		joined := p.countLogAfter(mark, logMsg("joined the group's stream", "g2")) > 0
 		p.kill()
