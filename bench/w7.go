@@ -219,6 +219,7 @@ func (b *bench) w7CatchUp(ctx context.Context, w *Workload, hist history, k int)
 	if err != nil {
 		return c, err
 	}
+	w.Statements = r.statements // with -statements: those of the last (largest) N
 	per := float64(n) * float64(k)
 	c.Seconds = r.duration.Seconds()
 	c.FirstSeconds = c.Seconds
