@@ -125,7 +125,9 @@ type liveRun struct {
 	targets []target
 	step    time.Duration
 	total   int64
-	table   string // the read model whose rows time the events; "" = account_activity
+	table   string   // the read model whose rows time the events; "" = account_activity
+	tables  []string // W7: several read models whose rows time the events, pooled (overrides table)
+	what    string   // how steps are logged; "" = W4
 }
 
 // liveStep runs the producer at rate for one step and measures it. With a
@@ -134,6 +136,9 @@ type liveRun struct {
 func (b *bench) liveStep(ctx context.Context, lv *liveRun, rate int, paired *floorConsumer) (LatencyRow, error) {
 	row := LatencyRow{TargetRate: rate, Seconds: lv.step.Seconds(), Load: loadAverage()}
 	what := "W4"
+	if lv.what != "" {
+		what = lv.what
+	}
 	if paired != nil {
 		what = "W4 paired"
 	}
@@ -167,7 +172,12 @@ func (b *bench) liveStep(ctx context.Context, lv *liveRun, rate int, paired *flo
 	row.PeakRSSMB = mb(s1.hwm)
 	row.OtherCores = otherCores(s0, s1)
 	row.Poison = lv.prod.poison
-	if err := latency(ctx, lv.db, lv.table, pos0, pos1, &row); err != nil {
+	if len(lv.tables) > 0 {
+		err = latencyOver(ctx, lv.db, lv.tables, pos0, pos1, &row)
+	} else {
+		err = latency(ctx, lv.db, lv.table, pos0, pos1, &row)
+	}
+	if err != nil {
 		return row, err
 	}
 	if paired != nil {

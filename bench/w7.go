@@ -1,0 +1,412 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"path/filepath"
+	"strconv"
+	"strings"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// W7 is "many projections, one events table": how the engine's cost grows
+// with the number N of projections that read the same events table.
+//
+// Catch-up (-w7-counts): for each N, a fresh database and N identical
+// projections w7p1…w7pN, each one upsert rule (no `on`: every event) into a
+// read model of its own, w7_counts_<i>: per stream, the events seen (`inc
+// n = 1`) and the last type (`set`). The engine starts on the empty events
+// table, every projection goes live (so each has joined whatever it streams
+// from: a slot of its own, or a shared one), the engine stops gracefully,
+// -w7-events events are appended in transactions of -w5-tx-events, and the
+// restarted engine is timed, as W5 is, until every projection's cursors
+// account for every event. PostgreSQL's CPU over that run (the whole
+// server, as the other workloads measure it) divided by events × N says
+// what each projection costs the server: with a slot per projection the
+// WAL is decoded N times. Each read model is then compared, EXCEPT ALL
+// both ways, with one computed by SQL from the events table.
+//
+// Live (-w7-live): for each N, a fresh database and N projections
+// w7l1…w7lN, each one insert rule writing a row per event (keyed by the
+// event id) into w7_live_<i>, the shape of W4's activity log: a per-event
+// row is what gives every event a read-model commit timestamp, so the
+// latency is measured as W4 measures it, by PostgreSQL alone
+// (pg_xact_commit_timestamp of the event's row to that of its read-model
+// row). W4's producer runs at -w7-rate for one W4 step. p50 and p99 are
+// over the rows of all N projections pooled (N rows per event); the worst
+// single projection's p99 is reported beside them.
+
+// w7Figures are W7's results.
+type w7Figures struct {
+	Events   int64       `json:"events"`
+	TxEvents int64       `json:"tx_events"`
+	CatchUp  []w7CatchUp `json:"catch_up,omitempty"`
+	Live     []w7Live    `json:"live,omitempty"`
+	LiveRate int         `json:"live_rate"`
+}
+
+// w7CatchUp is one N of W7's catch-up. CPU figures are µs per event and
+// projection (-1 not measured); ratios are against N = 1 (0 without it).
+type w7CatchUp struct {
+	Projections     int     `json:"projections"`
+	Events          int64   `json:"events"`
+	Seconds         float64 `json:"seconds"`       // engine start → every projection accounted for every event
+	FirstSeconds    float64 `json:"first_seconds"` // → the first projection did
+	SecondsVsOne    float64 `json:"seconds_vs_one"`
+	CPUPerEventProj float64 `json:"cpu_us_per_event_projection"`
+	PGPerEventProj  float64 `json:"pg_cpu_us_per_event_projection"`
+	PGVsOne         float64 `json:"pg_cpu_vs_one"`
+	PeakRSSMB       float64 `json:"peak_rss_mb"`
+	OtherCores      float64 `json:"other_cores"`
+	DifferingRows   []int64 `json:"differing_rows"` // per projection, against the SQL expectation
+	Load            string  `json:"load"`
+}
+
+// w7Live is one N of W7's live part.
+type w7Live struct {
+	Projections int        `json:"projections"`
+	Step        LatencyRow `json:"step"` // P50/P99/Max pooled over all projections' rows; WorstP99 the worst projection's
+	P99VsOne    float64    `json:"p99_vs_one"`
+}
+
+// w7Block is the configuration of W7 projection i: kind "p" counts events
+// per stream (catch-up), kind "l" writes a row per event (live).
+func w7Block(kind string, i int) string {
+	name := fmt.Sprintf("w7%s%d", kind, i)
+	head := fmt.Sprintf("[[projection]]\n# %s: one of W7's identical projections (bench/w7.go).\nname     = %q\nversion  = 1\non_error = \"dead_letter\"\n\n", name, name)
+	if kind == "l" {
+		return head + fmt.Sprintf(`  [[projection.rule]]
+  name  = "record"
+  op    = "insert"
+  table = "w7_live_%d"
+  set   = { event_id = "id", stream_id = "stream_id" }
+`, i)
+	}
+	return head + fmt.Sprintf(`  [[projection.rule]]
+  name  = "count"
+  op    = "upsert"
+  table = "w7_counts_%d"
+  key   = { stream_id = "stream_id" }
+  set   = { last_type = "type" }
+  inc   = { n = "1" }
+`, i)
+}
+
+// w7DDL is the read models of the W7 projections among targets ("" when
+// there are none).
+func w7DDL(targets []target) string {
+	var sb strings.Builder
+	for _, t := range targets {
+		kind, i, ok := w7Projection(t.projection)
+		switch {
+		case !ok:
+		case kind == "l":
+			fmt.Fprintf(&sb, "\nCREATE TABLE IF NOT EXISTS w7_live_%d (event_id uuid PRIMARY KEY, stream_id text NOT NULL);", i)
+		default:
+			fmt.Fprintf(&sb, "\nCREATE TABLE IF NOT EXISTS w7_counts_%d (stream_id text PRIMARY KEY, n bigint NOT NULL, last_type text NOT NULL);", i)
+		}
+	}
+	return sb.String()
+}
+
+// w7Projection parses a W7 projection name: w7p<i> or w7l<i>.
+func w7Projection(name string) (kind string, i int, ok bool) {
+	rest, found := strings.CutPrefix(name, "w7")
+	if !found || len(rest) < 2 || (rest[0] != 'p' && rest[0] != 'l') {
+		return "", 0, false
+	}
+	i, err := strconv.Atoi(rest[1:])
+	return rest[:1], i, err == nil && i > 0
+}
+
+// w7Targets registers N projections of a kind in the configuration
+// template and returns them as targets.
+func (b *bench) w7Targets(kind string, n int) []target {
+	out := make([]target, n)
+	for i := range n {
+		name := fmt.Sprintf("w7%s%d", kind, i+1)
+		b.tmpl.projections[name] = w7Block(kind, i+1)
+		out[i] = target{projection: name, version: 1}
+	}
+	return out
+}
+
+func (b *bench) w7(ctx context.Context) error {
+	o := b.opts
+	n := o.scaled(o.w7Events)
+	hist := newHistory(n, o.streams, o.active)
+	n = hist.events()
+	f := &w7Figures{Events: n, TxEvents: o.w5TxEvents, LiveRate: o.w7Rate}
+	w := b.res.workload("W7", "many projections, one events table",
+		fmt.Sprintf("N identical projections (one upsert + inc rule each, into a read model of its own) on one events table: "+
+			"WAL catch-up of %s events over %s streams appended in transactions of %d while the engine was stopped, "+
+			"for N in %s; then live at %s events/s for %s, for N in %s",
+			thousands(n), thousands(hist.streams), o.w5TxEvents, joinInts(o.w7Counts), thousands(int64(o.w7Rate)),
+			o.w4Step(), joinInts(o.w7Live)), n)
+	w.W7 = f
+	for _, k := range o.w7Counts {
+		c, err := b.w7CatchUp(ctx, w, hist, k)
+		if err != nil {
+			return fmt.Errorf("catch-up with %d projections: %w", k, err)
+		}
+		f.CatchUp = append(f.CatchUp, c)
+		if err := b.write(); err != nil {
+			return err
+		}
+	}
+	for _, c := range f.CatchUp {
+		if c.Projections != 1 {
+			continue
+		}
+		for i := range f.CatchUp {
+			f.CatchUp[i].SecondsVsOne = f.CatchUp[i].Seconds / c.Seconds
+			if c.PGPerEventProj > 0 && f.CatchUp[i].PGPerEventProj >= 0 {
+				f.CatchUp[i].PGVsOne = f.CatchUp[i].PGPerEventProj / c.PGPerEventProj
+			}
+		}
+	}
+	for _, k := range o.w7Live {
+		l, err := b.w7LiveRun(ctx, k)
+		if err != nil {
+			return fmt.Errorf("live with %d projections: %w", k, err)
+		}
+		f.Live = append(f.Live, l)
+		if err := b.write(); err != nil {
+			return err
+		}
+	}
+	for _, l := range f.Live {
+		if l.Projections != 1 || l.Step.P99 <= 0 {
+			continue
+		}
+		for i := range f.Live {
+			f.Live[i].P99VsOne = f.Live[i].Step.P99 / l.Step.P99
+		}
+	}
+	return nil
+}
+
+// w7CatchUp runs W7's catch-up with k projections.
+func (b *bench) w7CatchUp(ctx context.Context, w *Workload, hist history, k int) (w7CatchUp, error) {
+	id := fmt.Sprintf("W7c%d", k)
+	targets := b.w7Targets("p", k)
+	db, cfg, err := b.setup(ctx, id, targets)
+	if err != nil {
+		return w7CatchUp{}, err
+	}
+	defer b.srv.drop(context.WithoutCancel(ctx), db)
+	say("W7: %d projection(s): first start on the empty events table …", k)
+	p, err := startBinary(b.opts.bin, cfg, filepath.Join(b.opts.rawDir, strings.ToLower(id)+"-first-start.log"))
+	if err != nil {
+		return w7CatchUp{}, err
+	}
+	if err := b.waitLive(ctx, db, p, targets); err != nil {
+		_ = p.stop()
+		return w7CatchUp{}, err
+	}
+	if err := p.stop(); err != nil {
+		return w7CatchUp{}, fmt.Errorf("stop after first start: %w", err)
+	}
+	if err := b.fill(ctx, w, db, hist, b.opts.w5TxEvents); err != nil {
+		return w7CatchUp{}, err
+	}
+	n := hist.events()
+	c := w7CatchUp{Projections: k, Events: n, Load: loadAverage(), PGPerEventProj: -1}
+	say("W7: %d projection(s): engine restart and catch-up (load %s) …", k, c.Load)
+	logPath := filepath.Join(b.opts.rawDir, strings.ToLower(id)+"-engine.log")
+	r, err := b.measure(ctx, db, func() (*engineProc, error) { return startBinary(b.opts.bin, cfg, logPath) }, targets, n, false)
+	if err != nil {
+		return c, err
+	}
+	w.Statements = r.statements // with -statements: those of the last (largest) N
+	per := float64(n) * float64(k)
+	c.Seconds = r.duration.Seconds()
+	c.FirstSeconds = c.Seconds
+	for _, d := range r.reached {
+		c.FirstSeconds = min(c.FirstSeconds, d.Seconds())
+	}
+	c.CPUPerEventProj = us(r.cpu) / per
+	if r.pgOK {
+		c.PGPerEventProj = us(r.pgCPU) / per
+	}
+	c.PeakRSSMB = mb(r.at.hwm)
+	c.OtherCores = r.otherCores
+	if c.DifferingRows, err = w7Check(ctx, db, k); err != nil {
+		return c, err
+	}
+	say("W7: %d projection(s): caught up in %.2f s (first %.2f s), engine %.1f and PG %s µs CPU per event·projection, differing rows %v",
+		k, c.Seconds, c.FirstSeconds, c.CPUPerEventProj, optFloat(c.PGPerEventProj), c.DifferingRows)
+	return c, nil
+}
+
+// w7Check compares each w7_counts_<i> with the read model computed by SQL
+// from the events table (EXCEPT ALL both ways) and returns, per
+// projection, how many rows differ.
+func w7Check(ctx context.Context, db *database, k int) ([]int64, error) {
+	if _, err := db.pool.Exec(ctx, `DROP TABLE IF EXISTS w7_expected;
+CREATE TABLE w7_expected AS SELECT stream_id::text AS stream_id, count(*)::bigint AS n,
+  (array_agg(type::text ORDER BY position DESC))[1] AS last_type
+FROM events GROUP BY 1`); err != nil {
+		return nil, fmt.Errorf("expected read model: %w", err)
+	}
+	out := make([]int64, k)
+	for i := range k {
+		t := pgx.Identifier{fmt.Sprintf("w7_counts_%d", i+1)}.Sanitize()
+		err := db.pool.QueryRow(ctx, fmt.Sprintf(`SELECT
+  (SELECT count(*) FROM (SELECT stream_id, n, last_type FROM %[1]s EXCEPT ALL TABLE w7_expected) a)
++ (SELECT count(*) FROM (TABLE w7_expected EXCEPT ALL SELECT stream_id, n, last_type FROM %[1]s) b)`, t)).Scan(&out[i])
+		if err != nil {
+			return nil, fmt.Errorf("compare %s: %w", t, err)
+		}
+		if out[i] != 0 {
+			say("W7: WARNING: w7_counts_%d differs from the SQL expectation in %d rows", i+1, out[i])
+		}
+	}
+	return out, nil
+}
+
+// w7LiveRun runs W7's live step with k projections.
+func (b *bench) w7LiveRun(ctx context.Context, k int) (w7Live, error) {
+	id := fmt.Sprintf("W7l%d", k)
+	targets := b.w7Targets("l", k)
+	say("W7: live with %d projection(s) …", k)
+	lv, err := b.startLive(ctx, id, targets)
+	if err != nil {
+		return w7Live{}, err
+	}
+	defer lv.close(ctx)
+	lv.what = fmt.Sprintf("W7 live, %d projection(s)", k)
+	for i := range k {
+		lv.tables = append(lv.tables, fmt.Sprintf("w7_live_%d", i+1))
+	}
+	row, err := b.liveStep(ctx, lv, b.opts.w7Rate, nil)
+	if err != nil {
+		return w7Live{}, err
+	}
+	say("W7: live with %d projection(s): worst projection's p99 %.1f ms", k, row.WorstP99)
+	return w7Live{Projections: k, Step: row}, lv.p.stop()
+}
+
+// latencyOver fills the percentiles of the commit-to-commit latency of
+// the events with position in (lo, hi] over the rows of all tables pooled
+// (one row per event in each), and WorstP99 with the highest p99 of a
+// single table. Every table must have a row of every event.
+func latencyOver(ctx context.Context, db *database, tables []string, lo, hi int64, row *LatencyRow) error {
+	parts := make([]string, len(tables))
+	for i, t := range tables {
+		parts[i] = fmt.Sprintf(`SELECT %d AS t, extract(epoch FROM pg_xact_commit_timestamp(a.xmin) - pg_xact_commit_timestamp(e.xmin)) * 1000 AS ms
+  FROM events e JOIN %s a ON a.event_id = e.id WHERE e.position > $1 AND e.position <= $2`, i, pgx.Identifier{t}.Sanitize())
+	}
+	rows, err := db.pool.Query(ctx, `
+SELECT t, count(*), percentile_cont(0.5) WITHIN GROUP (ORDER BY ms), percentile_cont(0.99) WITHIN GROUP (ORDER BY ms), max(ms)
+FROM (`+strings.Join(parts, "\nUNION ALL\n")+`) l
+GROUP BY GROUPING SETS ((t), ())`, lo, hi)
+	if err != nil {
+		return fmt.Errorf("latency: %w", err)
+	}
+	var (
+		t                *int
+		count            int64
+		p50, p99, maxMS  float64
+		measured, groups int64
+	)
+	_, err = pgx.ForEachRow(rows, []any{&t, &count, &p50, &p99, &maxMS}, func() error {
+		if t == nil {
+			measured, row.P50, row.P99, row.Max = count, p50, p99, maxMS
+		} else {
+			groups++
+			row.WorstP99 = max(row.WorstP99, p99)
+		}
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("latency: %w", err)
+	}
+	var want int64
+	if err := db.pool.QueryRow(ctx, `SELECT count(*) FROM events WHERE position > $1 AND position <= $2`, lo, hi).Scan(&want); err != nil {
+		return fmt.Errorf("latency: %w", err)
+	}
+	if measured != want*int64(len(tables)) || (want > 0 && groups != int64(len(tables))) {
+		return fmt.Errorf("latency: %d read-model rows for %d events in %d tables", measured, want, len(tables))
+	}
+	return nil
+}
+
+// markdown renders W7's two tables.
+func (f *w7Figures) markdown(p func(string, ...any)) {
+	vs := func(v float64) string {
+		if v <= 0 {
+			return "—"
+		}
+		return fmt.Sprintf("%.2f×", v)
+	}
+	if len(f.CatchUp) > 0 {
+		p("WAL catch-up of %s events (transactions of %d) by N identical projections, each into its own read model. "+
+			"*catch-up s* is the engine's start until every projection's cursors account for every event (the first "+
+			"projection's in brackets); CPU is µs per event and projection: the engine's, and the whole PostgreSQL "+
+			"server's over the same run (its walsenders' decoding included); *vs one* is against N = 1. *read models "+
+			"identical*: each projection's table against one computed by SQL from the events table (per stream: count "+
+			"and last type), `EXCEPT ALL` both ways.", thousands(f.Events), f.TxEvents)
+		p("")
+		p("| projections | catch-up s | vs one | engine CPU µs per event·projection | PG CPU µs per event·projection | vs one | peak RSS MB | other cores | read models identical | load |")
+		p("|--:|--:|--:|--:|--:|--:|--:|--:|---|---|")
+		for _, c := range f.CatchUp {
+			p("| %d | %.2f (%.2f) | %s | %.1f | %s | %s | %.1f | %s | %s | %s |", c.Projections, c.Seconds, c.FirstSeconds,
+				vs(c.SecondsVsOne), c.CPUPerEventProj, optFloat(c.PGPerEventProj), vs(c.PGVsOne), c.PeakRSSMB,
+				optCores(c.OtherCores), w7Identical(c.DifferingRows), c.Load)
+		}
+		p("")
+	}
+	if len(f.Live) > 0 {
+		p("Live, W4's producer at %s events/s for one W4 step, N projections each writing a row per event (keyed by the "+
+			"event id) into its own table. Latency is commit to commit, read by PostgreSQL as in W4; *p50* and *p99* are "+
+			"over the rows of all N projections pooled (N per event), *worst projection p99* is the highest p99 of a "+
+			"single projection's rows. CPU is µs per event (not per projection), over the step and its catch-up.",
+			thousands(int64(f.LiveRate)))
+		p("")
+		p("| projections | events | achieved events/s | p50 ms | p99 ms | p99 vs one | worst projection p99 ms | max ms | CPU µs/event | PG CPU µs/event | load |")
+		p("|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|---|")
+		for _, l := range f.Live {
+			s := l.Step
+			p("| %d | %s | %s | %.1f | %.1f | %s | %.1f | %.1f | %.1f | %s | %s |", l.Projections, thousands(s.Events),
+				thousands(int64(s.Achieved)), s.P50, s.P99, vs(l.P99VsOne), s.WorstP99, s.Max, s.CPUPerEvent,
+				optFloat(s.PGCPUPerEvent), s.Load)
+		}
+		p("")
+	}
+}
+
+func w7Identical(diff []int64) string {
+	var bad []string
+	for i, d := range diff {
+		if d != 0 {
+			bad = append(bad, fmt.Sprintf("w7p%d: %d rows", i+1, d))
+		}
+	}
+	if len(bad) == 0 {
+		return fmt.Sprintf("identical (%d of %d)", len(diff), len(diff))
+	}
+	return "**differ** (" + strings.Join(bad, ", ") + ")"
+}
+
+func joinInts(v []int) string {
+	s := make([]string, len(v))
+	for i, n := range v {
+		s[i] = strconv.Itoa(n)
+	}
+	return strings.Join(s, ", ")
+}
+
+// positiveInts parses a comma-separated list of positive integers.
+func positiveInts(flagName, s string) ([]int, error) {
+	var out []int
+	for _, f := range strings.Split(s, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(f))
+		if err != nil || n <= 0 {
+			return nil, fmt.Errorf("-%s: %q is not a positive integer", flagName, f)
+		}
+		out = append(out, n)
+	}
+	return out, nil
+}
