@@ -405,10 +405,15 @@ func (s *session) replicate(ctx context.Context, connp **pgconn.PgConn) error {
 		return atSlot(replication.Stream(ctx, replConn, s.src, sink, opts))
 	}
 	if s.inGroup {
-		m, err := s.hub.join(ctx, s.spec, sink, s.start, false)
+		m, err := s.hub.join(ctx, s.spec, sink, s.start, "", false)
 		if err == nil {
-			s.member = m
-			return m.wait()
+			if err = waitStarted(ctx, m); err == nil {
+				s.member = m
+				return m.wait()
+			}
+		}
+		if !errors.Is(err, errBehind) {
+			return err
 		}
 		// The group's stream has passed this version: catch up on a copy
 		// of the group's slot, then join.
@@ -423,8 +428,51 @@ func (s *session) replicate(ctx context.Context, connp **pgconn.PgConn) error {
 			return atSource(err)
 		}
 		replConn, *connp = c, c
+	} else {
+		// Offer to join at once: the group's stream takes the version
+		// from its position if it can (it starts there when it has not
+		// started yet).
+		m, err := s.hub.join(ctx, s.spec, sink, s.start, s.slot, false)
+		if err == nil {
+			if err = waitStarted(ctx, m); err == nil {
+				s.member = m
+				return s.joined(ctx, replConn, s.start)
+			}
+		}
+		if !errors.Is(err, errBehind) {
+			return err
+		}
 	}
 	return s.streamAndJoin(ctx, replConn, sink, opts)
+}
+
+// waitStarted waits until the group's stream serves m or refuses it.
+func waitStarted(ctx context.Context, m *member) error {
+	select {
+	case err := <-m.started:
+		return err
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// joined moves the watermark of a version the group's stream now serves
+// (from position at) to the group's slot, drops its own slot, and takes
+// its events from the group's stream until the session ends.
+func (s *session) joined(ctx context.Context, replConn *pgconn.PgConn, at event.LSN) error {
+	gslot := s.cfg.GroupSlotName(s.spec.GroupName())
+	if err := s.ledger.switchSlot(ctx, gslot); err != nil {
+		return err
+	}
+	s.onGroup.Store(true)
+	s.log.Info("joined the group's stream", "slot", gslot, "at", at.String())
+	if replConn != nil {
+		replConn.Close(context.WithoutCancel(ctx))
+	}
+	if err := replication.DropSlot(ctx, s.srcConn, s.slot); err != nil {
+		s.log.Warn("drop the version's own slot after joining its group (the next start drops it)", "slot", s.slot, "err", err)
+	}
+	return s.member.wait()
 }
 
 // streamAndJoin streams the version's own slot until it can join its
@@ -434,7 +482,7 @@ func (s *session) replicate(ctx context.Context, connp **pgconn.PgConn) error {
 func (s *session) streamAndJoin(ctx context.Context, replConn *pgconn.PgConn, sink *ledgerSink, opts replication.StreamOptions) error {
 	jctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	js := &joinSink{ledgerSink: sink, hub: s.hub, ctx: ctx, spec: s.spec, cancel: cancel, from: s.start}
+	js := &joinSink{ledgerSink: sink, hub: s.hub, ctx: ctx, spec: s.spec, ownSlot: s.slot, cancel: cancel, from: s.start}
 	err := replication.Stream(jctx, replConn, s.src, js, opts)
 	if js.m == nil || ctx.Err() != nil {
 		if js.m != nil {
@@ -443,17 +491,7 @@ func (s *session) streamAndJoin(ctx context.Context, replConn *pgconn.PgConn, si
 		return atSlot(err)
 	}
 	s.member = js.m
-	gslot := s.cfg.GroupSlotName(s.spec.GroupName())
-	if err := s.ledger.switchSlot(ctx, gslot); err != nil {
-		return err
-	}
-	s.onGroup.Store(true)
-	s.log.Info("joined the group's stream", "slot", gslot, "at", max(js.at, js.from).String())
-	replConn.Close(context.WithoutCancel(ctx))
-	if err := replication.DropSlot(ctx, s.srcConn, s.slot); err != nil {
-		s.log.Warn("drop the version's own slot after joining its group (the next start drops it)", "slot", s.slot, "err", err)
-	}
-	return s.member.wait()
+	return s.joined(ctx, replConn, max(js.at, js.from))
 }
 
 // backfill creates the slot with an exported snapshot, applies every event
