@@ -426,6 +426,15 @@ func (h *hub) stream(ctx context.Context) error {
 		}
 	}
 	h.mu.Unlock()
+	if info.Exists && !info.Lost() && inGroup == 0 && lowest != nil && info.Confirmed < lowest.next {
+		// No version is recorded on the slot (all were reset, retired or
+		// moved): start it afresh where the members are, rather than
+		// decode the WAL it kept for nobody.
+		if err := replication.DropSlot(ctx, srcConn, h.cfg.slot); err != nil {
+			return atSource(err)
+		}
+		info = replication.SlotInfo{}
+	}
 	if !info.Exists || info.Lost() {
 		if inGroup > 0 {
 			h.refuse(start, true)
