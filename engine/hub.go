@@ -69,6 +69,10 @@ type groupConfig struct {
 // member that came a moment late.
 const gatherWindow = 2 * time.Second
 
+// gatherGap ends the gathering early when no member attached for that
+// long: members that restart together attach within it.
+const gatherGap = 300 * time.Millisecond
+
 // memberQueue is how many messages (begin, event, commit, keepalive) wait
 // for one member. A member whose queue is full makes the hub wait: one
 // slow member slows the group's stream, memory stays bounded.
@@ -304,14 +308,21 @@ func (h *hub) run(ctx context.Context, membersDone <-chan struct{}) {
 	}
 }
 
-// gather waits up to gatherWindow for every configured member to attach.
+// gather waits for the configured members to attach: until all have, or
+// none came for gatherGap, or gatherWindow passed.
 func (h *hub) gather(ctx context.Context) {
 	deadline := time.Now().Add(gatherWindow)
+	last, seen := time.Now(), -1
 	for time.Now().Before(deadline) {
 		h.mu.Lock()
 		n := len(h.attached)
 		h.mu.Unlock()
 		if n >= h.members {
+			return
+		}
+		if n != seen {
+			last, seen = time.Now(), n
+		} else if time.Since(last) >= gatherGap {
 			return
 		}
 		select {

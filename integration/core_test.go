@@ -108,7 +108,7 @@ func TestTwoProjectionsExact(t *testing.T) {
 	defer cancel()
 	group := r.prefix + "_group_default"
 	for _, p := range []coreProjection{bal, stats} {
-		if _, ok, err := r.slotState(ctx, p); err != nil || ok {
+		if _, ok, err := r.slotConfirmed(ctx, r.slot(p)); err != nil || ok {
 			t.Errorf("own slot %s: exists=%t, err=%v; want it dropped after the join", r.slot(p), ok, err)
 		}
 		var on string
