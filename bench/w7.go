@@ -285,6 +285,11 @@ func (b *bench) w7LiveRun(ctx context.Context, k int) (w7Live, error) {
 		return w7Live{}, err
 	}
 	say("W7: live with %d projection(s): worst projection's p99 %.1f ms", k, row.WorstP99)
+	if sts, err := b.topStatements(ctx, lv.db); err == nil {
+		for _, st := range sts {
+			say("W7 live %d: %8d calls %10.1f ms %s", k, st.Calls, st.TotalMS, truncate(st.Query, 120))
+		}
+	}
 	return w7Live{Projections: k, Step: row}, lv.p.stop()
 }
 
@@ -409,4 +414,11 @@ func positiveInts(flagName, s string) ([]int, error) {
 		out = append(out, n)
 	}
 	return out, nil
+}
+
+func truncate(s string, n int) string {
+	if len(s) > n {
+		return s[:n] + "…"
+	}
+	return s
 }
