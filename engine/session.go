@@ -465,6 +465,8 @@ func waitStarted(ctx context.Context, m *member) error {
 	select {
 	case err := <-m.started:
 		return err
+	case <-m.done: // the stream failed before it started
+		return m.err
 	case <-ctx.Done():
 		return ctx.Err()
 	}
