@@ -33,9 +33,9 @@ type ProbeConfig struct {
 	Slot       string
 	// SlotOf, when set, names the slot at each measurement instead (a
 	// version that joins its group moves to the group's slot).
-	SlotOf func() string
-	Table      string // events table, may be schema-qualified
-	Position   string // position column
+	SlotOf   func() string
+	Table    string // events table, may be schema-qualified
+	Position string // position column
 	// Timeout bounds one measurement; default 30s.
 	Timeout time.Duration
 	Logger  *slog.Logger
