@@ -516,18 +516,20 @@ func (h *hub) refuse(start event.LSN, all bool) {
 		if m.accepted {
 			continue
 		}
+		var why error
 		switch {
 		case !all && m.next >= start:
 			m.accepted = true
 			m.started <- nil
 			continue
 		case m.ownSlot != "":
-			m.started <- errBehind
+			why = errBehind
 		default:
-			m.started <- atSlot(errGroupSlotLost)
+			why = atSlot(errGroupSlotLost)
 		}
+		m.started <- why
 		delete(h.attached, k)
-		m.detach(errBehind)
+		m.detach(why)
 	}
 }
 
