@@ -34,7 +34,8 @@ import (
 type hub struct {
 	cfg     groupConfig
 	log     *slog.Logger
-	members int // configured members on this node
+	members int    // configured members on this node
+	saver   *saver // the members' watermark saves, together
 
 	mu        sync.Mutex
 	attached  map[string]*member   // by member key
@@ -54,13 +55,14 @@ type hub struct {
 
 // groupConfig is what the hub needs of the configuration.
 type groupConfig struct {
-	name      string
-	slot      string
-	sourceURL string
-	targetURL string
-	schema    string
-	src       replication.Source
-	opts      replication.StreamOptions
+	name         string
+	slot         string
+	sourceURL    string
+	targetURL    string
+	schema       string
+	leaseTimeout time.Duration
+	src          replication.Source
+	opts         replication.StreamOptions
 }
 
 // gatherWindow is how long a starting stream waits for the group's
@@ -82,7 +84,7 @@ const memberQueue = 1024
 var errBehind = errors.New("the group's stream is past this position")
 
 func newHub(cfg groupConfig, members int, log *slog.Logger) *hub {
-	return &hub{cfg: cfg, log: log.With("group", cfg.name), members: members,
+	return &hub{cfg: cfg, log: log.With("group", cfg.name), members: members, saver: newSaver(cfg.targetURL, cfg.leaseTimeout, log),
 		attached: map[string]*member{}, held: map[string]event.LSN{}, demand: make(chan struct{}, 1)}
 }
 

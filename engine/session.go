@@ -81,6 +81,11 @@ func (s *session) run(ctx context.Context) error {
 	if s.inGroup {
 		s.ledger.setSlot(s.cfg.GroupSlotName(s.spec.GroupName()))
 	}
+	if s.hub != nil && s.hub.saver != nil {
+		s.ledger.publishVia = func(ctx context.Context, stmts ...statement) error {
+			return sqlstate.Retry(ctx, s.retry, s.log, func() error { return s.hub.saver.save(ctx, s.lease, stmts...) })
+		}
+	}
 	s.parts = s.partitions()
 
 	// Workers run on a context that a graceful stop does not cancel: they
