@@ -439,10 +439,11 @@ func (h *hub) stream(ctx context.Context) error {
 		}
 	}
 	h.mu.Unlock()
-	if info.Exists && !info.Lost() && inGroup == 0 && lowest != nil && info.Confirmed < lowest.next {
+	if info.Exists && !info.Lost() && inGroup == 0 && lowest != nil && info.Confirmed != lowest.next {
 		// No version is recorded on the slot (all were reset, retired or
-		// moved): start it afresh where the members are, rather than
-		// decode the WAL it kept for nobody.
+		// moved, or crashed before recording the join): start it afresh
+		// where the members are, so that they all join now, rather than
+		// decode WAL kept for nobody or catch up alone.
 		if err := replication.DropSlot(ctx, srcConn, h.cfg.slot); err != nil {
 			return atSource(err)
 		}
