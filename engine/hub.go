@@ -340,7 +340,11 @@ func (h *hub) gather(ctx context.Context) {
 func (h *hub) failAll(err error) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	for _, m := range h.attached {
+	for k, m := range h.attached {
+		if c := m.sink.Confirmable(); m.accepted && c > h.held[k] {
+			h.held[k] = c
+		}
+		delete(h.attached, k)
 		m.detach(err)
 	}
 }
