@@ -40,6 +40,7 @@ type hub struct {
 	mu        sync.Mutex
 	attached  map[string]*member   // by member key
 	held      map[string]event.LSN // in-group members not attached: their watermark holds the slot back
+	served    map[string]bool      // members this hub's streams ever served: they may have recorded a join
 	streaming bool                 // a stream runs: startLSN and lastBegun are valid
 	startLSN  event.LSN            // the stream delivers transactions committing at or after it
 	lastBegun event.LSN            // commit LSN of the stream's last transaction begun (0: none)
@@ -85,7 +86,7 @@ var errBehind = errors.New("the group's stream is past this position")
 
 func newHub(cfg groupConfig, members int, log *slog.Logger) *hub {
 	return &hub{cfg: cfg, log: log.With("group", cfg.name), members: members, saver: newSaver(cfg.targetURL, cfg.leaseTimeout, log),
-		attached: map[string]*member{}, held: map[string]event.LSN{}, demand: make(chan struct{}, 1)}
+		attached: map[string]*member{}, held: map[string]event.LSN{}, served: map[string]bool{}, demand: make(chan struct{}, 1)}
 }
 
 func memberKey(spec rules.Spec) string { return fmt.Sprintf("%s/%d", spec.Name, spec.Version) }
@@ -200,6 +201,7 @@ func (h *hub) join(ctx context.Context, spec rules.Spec, sink replication.Sink, 
 	h.attached[m.key] = m
 	if h.streaming {
 		m.accepted = true
+		h.served[m.key] = true
 		m.started <- nil
 	}
 	h.mu.Unlock()
@@ -432,7 +434,14 @@ func (h *hub) stream(ctx context.Context) error {
 	h.conn = conn
 	start := info.Confirmed
 	h.mu.Lock()
+	// Every version recorded on the slot, and every one this hub served
+	// (its record may be on the way): none may lose the slot.
 	inGroup := len(h.held)
+	for k := range h.served {
+		if _, held := h.held[k]; !held {
+			inGroup++
+		}
+	}
 	var lowest *member // the provisional member from a slot of its own with the lowest position
 	for _, m := range h.attached {
 		switch {
@@ -527,6 +536,7 @@ func (h *hub) refuse(start event.LSN, all bool) {
 		switch {
 		case !all && m.next >= start:
 			m.accepted = true
+			h.served[m.key] = true
 			m.started <- nil
 			continue
 		case m.ownSlot != "":
