@@ -249,6 +249,7 @@ func (h *hub) hold(spec rules.Spec, lsn event.LSN) {
 func (h *hub) forget(spec rules.Spec) {
 	h.mu.Lock()
 	delete(h.held, memberKey(spec))
+	delete(h.served, memberKey(spec))
 	h.mu.Unlock()
 }
 
