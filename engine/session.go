@@ -310,14 +310,17 @@ func (s *session) planGroup(ctx context.Context, wm cursor.Watermark, own replic
 		s.log.Info("resuming from the group's slot", "slot", gslot, "from", start.String())
 		return start, true, nil
 	}
-	if s.hub != nil {
-		s.hub.forget(s.spec)
-	}
 	if !usable || resync != "" {
 		// Nothing to copy: the slot-lost path (a resync from a new
 		// snapshot, cursors skipping what was applied) follows.
 		s.log.Warn("the group's slot cannot serve this version: leaving the group", "slot", gslot, "exists", gs.Exists, "lost", gs.Lost())
-		return 0, false, s.moveWatermark(ctx, s.slot)
+		if err := s.moveWatermark(ctx, s.slot); err != nil {
+			return 0, false, err
+		}
+		if s.hub != nil {
+			s.hub.forget(s.spec)
+		}
+		return 0, false, nil
 	}
 	// Alone in its group now (a group of one streams from a slot of its
 	// own): continue on a copy of the group's slot, and drop the group's
