@@ -4,9 +4,13 @@ import (
 	"context"
 	"fmt"
 	"math"
+	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
+	"sync"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 )
@@ -81,8 +85,73 @@ type w7Slow struct {
 	LastBacklog   int64   `json:"last_backlog,omitempty"`   // … and the 8th
 	OthersRate    float64 `json:"others_applied_rate"`      // events/s applied over the step: the slowest of the 7
 	LastRate      float64 `json:"last_applied_rate"`
-	PeakRSSMB     float64 `json:"peak_rss_mb"`
-	Load          string  `json:"load"`
+	PeakRSSMB     float64 `json:"peak_rss_mb"` // over the engine's run (VmHWM)
+	// The highest RSS sampled (every 500 ms) in each half of the step.
+	RSSFirstHalfMB  float64 `json:"rss_first_half_mb,omitempty"`
+	RSSSecondHalfMB float64 `json:"rss_second_half_mb,omitempty"`
+	Load            string  `json:"load"`
+}
+
+// rssSampler samples a process's RSS until stopped.
+type rssSampler struct {
+	start time.Time
+	end   time.Duration // since start, when stopped
+	done  chan struct{}
+	once  sync.Once
+	wg    sync.WaitGroup
+	at    []time.Duration // since start
+	rss   []int64
+}
+
+func sampleRSS(pid int, every time.Duration) *rssSampler {
+	s := &rssSampler{start: time.Now(), done: make(chan struct{})}
+	s.wg.Add(1)
+	go func() {
+		defer s.wg.Done()
+		t := time.NewTicker(every)
+		defer t.Stop()
+		for {
+			if r, err := currentRSS(pid); err == nil {
+				s.at, s.rss = append(s.at, time.Since(s.start)), append(s.rss, r)
+			}
+			select {
+			case <-s.done:
+				return
+			case <-t.C:
+			}
+		}
+	}()
+	return s
+}
+
+// stop ends the sampling (idempotent); the samples may be read after it.
+func (s *rssSampler) stop() {
+	s.once.Do(func() {
+		s.end = time.Since(s.start)
+		close(s.done)
+		s.wg.Wait()
+	})
+}
+
+// halves returns the highest RSS sampled in each half of the sampling, MB.
+func (s *rssSampler) halves() (first, second float64) {
+	for i, at := range s.at {
+		if at < s.end/2 {
+			first = max(first, mb(s.rss[i]))
+		} else {
+			second = max(second, mb(s.rss[i]))
+		}
+	}
+	return first, second
+}
+
+func (s *rssSampler) write(path string) error {
+	var sb strings.Builder
+	sb.WriteString("seconds,rss_mb\n")
+	for i, at := range s.at {
+		fmt.Fprintf(&sb, "%.1f,%.1f\n", at.Seconds(), mb(s.rss[i]))
+	}
+	return os.WriteFile(path, []byte(sb.String()), 0o644)
 }
 
 // w7CatchUp is one N of W7's catch-up. CPU figures are µs per event and
@@ -137,30 +206,46 @@ func w7Record(i int) string {
 }
 
 // w7SlowBlock is W7's slow projection w7s<i>: a live one (a row per event
-// into w7_live_<i>) whose every event also sleeps in PostgreSQL, ms on
-// average.
+// into w7_live_<i>) whose events also sleep in PostgreSQL, ms on average.
 func w7SlowBlock(i int, ms float64) string {
 	name := fmt.Sprintf("w7s%d", i)
 	return fmt.Sprintf("[[projection]]\n# %s: W7's slow projection (bench/w7.go).\nname     = %q\nversion  = 1\non_error = \"dead_letter\"\n\n", name, name) +
-		w7Record(i) + fmt.Sprintf(`
+		w7Record(i) + w7SleepRule(ms)
+}
+
+// w7SleepRule is the slow projection's rule: w7SleepSQL, its argument
+// the event's position when it reads one.
+func w7SleepRule(ms float64) string {
+	q := w7SleepSQL(ms)
+	r := fmt.Sprintf(`
   [[projection.rule]]
   name = "slow"
   op   = "sql"
   sql  = %q
-  args = ["position"]
-`, w7SleepSQL(ms))
+`, q)
+	if strings.Contains(q, "$1") {
+		r += "  args = [\"position\"]\n"
+	}
+	return r
 }
 
 // w7SleepSQL is a statement that sleeps ms on average over consecutive
-// positions ($1). pg_sleep waits in whole milliseconds (it rounds up), so
-// the fraction is a share of the events that sleep one millisecond more.
+// positions ($1). pg_sleep waits in whole milliseconds: it rounds what is
+// left up to one, and its wait may end a hair before the time asked for,
+// which costs one more (pg_sleep(0.001) takes 2 ms). So it is asked for
+// half a millisecond less than the whole milliseconds wanted, and a
+// fraction of a millisecond is a share of the events that sleep one more.
 func w7SleepSQL(ms float64) string {
 	whole := math.Floor(ms)
 	pct := int(math.Round((ms - whole) * 100))
 	if pct == 100 {
 		whole, pct = whole+1, 0
 	}
-	return fmt.Sprintf("SELECT pg_sleep(CASE WHEN $1::bigint %% 100 < %d THEN %g ELSE %g END)", pct, (whole+1)/1000, whole/1000)
+	secs := func(ms float64) float64 { return max(ms-0.5, 0) / 1000 }
+	if pct == 0 {
+		return fmt.Sprintf("SELECT pg_sleep(%g)", secs(whole))
+	}
+	return fmt.Sprintf("SELECT pg_sleep(CASE WHEN $1::bigint %% 100 < %d THEN %g ELSE %g END)", pct, secs(whole+1), secs(whole))
 }
 
 // w7DDL is the read models of the W7 projections among targets ("" when
@@ -213,7 +298,7 @@ func (b *bench) w7(ctx context.Context) error {
 			"WAL catch-up of %s events over %s streams appended in transactions of %d while the engine was stopped, "+
 			"for N in %s; then live at %s events/s for %s, for N in %s",
 			thousands(n), thousands(hist.streams), o.w5TxEvents, joinInts(o.w7Counts), thousands(int64(o.w7Rate)),
-			o.w4Step(), joinInts(o.w7Live)), n)
+			o.w4Step(), joinInts(o.w7Live))+w7SlowSummary(o), n)
 	w.W7 = f
 	for _, k := range o.w7Counts {
 		c, err := b.w7CatchUp(ctx, w, hist, k)
@@ -249,7 +334,7 @@ func (b *bench) w7(ctx context.Context) error {
 			return err
 		}
 	}
-	if len(f.Slow) > 0 {
+	if w7SlowSummary(o) != "" {
 		_, sl, err := b.w7LiveRun(ctx, w7SlowN, true)
 		if err != nil {
 			return fmt.Errorf("live with %d projections, one slow: %w", w7SlowN, err)
@@ -352,6 +437,15 @@ FROM events GROUP BY 1`); err != nil {
 // w7SlowN is how many projections W7's slow-member step runs.
 const w7SlowN = 8
 
+// w7SlowSummary is the slow-member step in W7's description ("" when it
+// does not run).
+func w7SlowSummary(o options) string {
+	if !o.w7Slow || !slices.Contains(o.w7Live, w7SlowN) {
+		return ""
+	}
+	return fmt.Sprintf("; then live with %d, one of which sleeps %g ms per event in PostgreSQL", w7SlowN, o.w7SlowMS)
+}
+
 // w7LiveRun runs W7's live step with k projections; with slow, the k-th
 // is w7s<k>, which sleeps in PostgreSQL per event. With -w7-slow and k =
 // w7SlowN it also returns the slow-member comparison's case.
@@ -382,9 +476,15 @@ func (b *bench) w7LiveRun(ctx context.Context, k int, slow bool) (w7Live, *w7Slo
 		lv.tables = append(lv.tables, fmt.Sprintf("w7_live_%d", i+1))
 	}
 	total0 := lv.total
-	var behind map[string]int64
+	var (
+		behind map[string]int64
+		rss    *rssSampler
+	)
 	if sl != nil {
+		rss = sampleRSS(lv.p.pid, 500*time.Millisecond)
+		defer rss.stop()
 		lv.stepEnd = func(ctx context.Context, _, _ int64) error {
+			rss.stop()
 			var e error
 			behind, e = w7Behind(ctx, lv.db, targets, lv.total)
 			return e
@@ -399,9 +499,13 @@ func (b *bench) w7LiveRun(ctx context.Context, k int, slow bool) (w7Live, *w7Slo
 		if err := sl.fill(ctx, lv, row, targets, behind, lv.total-total0); err != nil {
 			return w7Live{}, nil, err
 		}
-		say("%s: the 7 others p50 %.1f ms, p99 %.1f ms; %s p99 %.1f ms; behind when the producer stopped: others %d, %s %d; applied %.0f/s (slowest other) and %.0f/s; peak RSS %.1f MB",
+		sl.RSSFirstHalfMB, sl.RSSSecondHalfMB = rss.halves()
+		if err := rss.write(filepath.Join(b.opts.rawDir, strings.ToLower(id)+"-rss.csv")); err != nil {
+			return w7Live{}, nil, err
+		}
+		say("%s: the 7 others p50 %.1f ms, p99 %.1f ms; %s p99 %.1f ms; behind when the producer stopped: others %d, %s %d; applied %.0f/s (slowest other) and %.0f/s; peak RSS %.1f MB (step's halves %.1f, %.1f MB)",
 			what, sl.OthersP50, sl.OthersP99, targets[k-1].projection, sl.LastP99, sl.OthersBacklog, targets[k-1].projection,
-			sl.LastBacklog, sl.OthersRate, sl.LastRate, sl.PeakRSSMB)
+			sl.LastBacklog, sl.OthersRate, sl.LastRate, sl.PeakRSSMB, sl.RSSFirstHalfMB, sl.RSSSecondHalfMB)
 	}
 	if sts, err := b.topStatements(ctx, lv.db); err == nil {
 		for _, st := range sts {
@@ -571,19 +675,21 @@ func (f *w7Figures) slowMarkdown(p func(string, ...any)) {
 	p("One slow member (`-w7-slow`): the live step again with %d projections, the 8th of which (w7s%d) also runs an `sql` "+
 		"rule that sleeps in PostgreSQL %.2f ms per event on average (`pg_sleep`, whole milliseconds mixed by position), "+
 		"so that its one partition applies fewer events per second than the producer's %s. The projections share one "+
-		"group: one slot, one decode, a bounded queue (1,024 messages) per member, and the group's stream waits for a "+
-		"member whose queue is full. *none slow* is the normal %d run, whose 8th (w7l%d) is like the others. Latency "+
+		"group: one slot, one decode, a bounded queue (1,024 messages) per member before its partitions' own queues, "+
+		"and the group's stream waits for a member whose queues are full. *none slow* is the normal %d run, whose 8th (w7l%d) is like the others. Latency "+
 		"as above; *others* are projections 1–7 pooled; *behind at the end* is the events not yet accounted for "+
 		"(cursors) when the producer stopped, for the others the furthest behind of the 7; *applied/s* is over the "+
-		"step (the others: the slowest of the 7); peak RSS is the engine's over its whole run.",
+		"step (the others: the slowest of the 7); the slow one's backlog less the others' is about what the engine "+
+		"holds for it (its queues), the rest waits in PostgreSQL's WAL. *peak RSS* is the engine's over its whole run "+
+		"(warm-up and catch-up included), *RSS by half* the highest of its RSS sampled every 500 ms in each half of the step.",
 		w7SlowN, w7SlowN, slowMS, thousands(int64(f.LiveRate)), w7SlowN, w7SlowN)
 	p("")
-	p("| case | p50 ms (7 others) | p99 ms (7 others) | 8th's p99 ms | behind at the end: others / 8th | applied/s: others / 8th | peak RSS MB | load |")
-	p("|---|--:|--:|--:|--:|--:|--:|---|")
+	p("| case | p50 ms (7 others) | p99 ms (7 others) | 8th's p99 ms | behind at the end: others / 8th | applied/s: others / 8th | peak RSS MB | RSS MB by half of the step | load |")
+	p("|---|--:|--:|--:|--:|--:|--:|--:|---|")
 	for _, c := range f.Slow {
-		p("| %s | %.1f | %.1f | %.1f | %s / %s | %s / %s | %.1f | %s |", c.Case, c.OthersP50, c.OthersP99, c.LastP99,
-			thousands(c.OthersBacklog), thousands(c.LastBacklog), thousands(int64(c.OthersRate)),
-			thousands(int64(c.LastRate)), c.PeakRSSMB, c.Load)
+		p("| %s | %.1f | %.1f | %.1f | %s / %s | %s / %s | %.1f | %.1f / %.1f | %s |", c.Case, c.OthersP50, c.OthersP99,
+			c.LastP99, thousands(c.OthersBacklog), thousands(c.LastBacklog), thousands(int64(c.OthersRate)),
+			thousands(int64(c.LastRate)), c.PeakRSSMB, c.RSSFirstHalfMB, c.RSSSecondHalfMB, c.Load)
 	}
 	p("")
 	if len(f.Slow) == 2 && f.Slow[0].OthersP99 > 0 && f.Slow[0].PeakRSSMB > 0 {
@@ -593,10 +699,15 @@ func (f *w7Figures) slowMarkdown(p func(string, ...any)) {
 		if s.OthersP99 < 2*n.OthersP99 {
 			verdict = "they hardly waited for it: its queues took its backlog within the step"
 		}
-		p("With one slow member the 7 others' p99 went from %.1f to %.1f ms (%.1f×), their p50 from %.1f to %.1f ms: "+
-			"%s. The engine's peak RSS went from %.1f to %.1f MB (%+.1f MB).",
+		memory := "no higher in the step's second half than in its first: bounded"
+		if s.RSSSecondHalfMB > 1.1*s.RSSFirstHalfMB {
+			memory = "still growing in the step's second half (the slow one's queues may still have been filling: " +
+				"a longer step, -w4-seconds, shows whether it levels off)"
+		}
+		p("With one slow member the 7 others' p99 went from %.1f to %.1f ms (%.0f×), their p50 from %.1f to %.1f ms: "+
+			"%s. The engine's peak RSS went from %.1f to %.1f MB (%+.1f MB), and was %s.",
 			n.OthersP99, s.OthersP99, s.OthersP99/n.OthersP99, n.OthersP50, s.OthersP50, verdict, n.PeakRSSMB,
-			s.PeakRSSMB, s.PeakRSSMB-n.PeakRSSMB)
+			s.PeakRSSMB, s.PeakRSSMB-n.PeakRSSMB, memory)
 		p("")
 	}
 }
