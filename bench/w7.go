@@ -673,7 +673,8 @@ func (f *w7Figures) slowMarkdown(p func(string, ...any)) {
 		slowMS = max(slowMS, c.SleepMS)
 	}
 	p("One slow member (`-w7-slow`): the live step again with %d projections, the 8th of which (w7s%d) also runs an `sql` "+
-		"rule that sleeps in PostgreSQL %.2f ms per event on average (`pg_sleep`, whole milliseconds mixed by position), "+
+		"rule that sleeps in PostgreSQL %.2f ms per event on average (`pg_sleep`, which waits whole milliseconds: a "+
+		"fraction is a share of the events, by position, that sleep one more), "+
 		"so that its one partition applies fewer events per second than the producer's %s. The projections share one "+
 		"group: one slot, one decode, a bounded queue (1,024 messages) per member before its partitions' own queues, "+
 		"and the group's stream waits for a member whose queues are full. *none slow* is the normal %d run, whose 8th (w7l%d) is like the others. Latency "+
