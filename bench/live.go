@@ -128,6 +128,11 @@ type liveRun struct {
 	table   string   // the read model whose rows time the events; "" = account_activity
 	tables  []string // W7: several read models whose rows time the events, pooled (overrides table)
 	what    string   // how steps are logged; "" = W4
+	// stepEnd, when set, runs as soon as a step's producer has stopped,
+	// before the engine is waited for (W7: how far behind each projection
+	// is then). lo and hi are the step's events' positions (lo, hi].
+	stepEnd func(ctx context.Context, lo, hi int64) error
+	lo, hi  int64 // the last step's events' positions (lo, hi]
 }
 
 // liveStep runs the producer at rate for one step and measures it. With a
@@ -159,6 +164,12 @@ func (b *bench) liveStep(ctx context.Context, lv *liveRun, rate int, paired *flo
 		return row, err
 	}
 	lv.total += sent
+	lv.lo, lv.hi = pos0, pos1
+	if lv.stepEnd != nil {
+		if err := lv.stepEnd(ctx, pos0, pos1); err != nil {
+			return row, err
+		}
+	}
 	s1, _, err := b.waitAccounted(ctx, lv.db, lv.p, lv.targets, lv.total, false)
 	if err != nil {
 		return row, err

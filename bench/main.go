@@ -44,6 +44,8 @@ type options struct {
 	w7Events                     int64
 	w7Counts, w7Live             []int
 	w7Rate                       int
+	w7Slow                       bool
+	w7SlowMS                     float64
 	rss5M, profile, refs         bool
 	statements                   bool
 	pgMode                       string
@@ -98,6 +100,8 @@ func parseFlags(args []string) (options, error) {
 	w7Counts := fs.String("w7-counts", "1,4,8", "W7: the numbers of projections whose WAL catch-up is measured")
 	w7Live := fs.String("w7-live", "1,8", "W7: the numbers of projections whose live latency is measured")
 	fs.IntVar(&o.w7Rate, "w7-rate", 1000, "W7: producer rate of the live step, events/s")
+	fs.BoolVar(&o.w7Slow, "w7-slow", true, "W7: when 8 is in -w7-live, one more live step of 8 projections of which one is slow (its sql rule sleeps in PostgreSQL per event)")
+	fs.Float64Var(&o.w7SlowMS, "w7-slow-ms", 1, "W7: how long the slow projection sleeps in PostgreSQL per event, mean ms (pg_sleep waits whole ms: a fraction is a share of the events, by position, that sleep one ms more)")
 	fs.BoolVar(&o.refs, "refs", true, "measure the references: SQL ceiling, per-event loop, W4's decode floor (false: engine only, for quick experiments)")
 	fs.BoolVar(&o.statements, "statements", false, "load pg_stat_statements and report the engine's heaviest statements per workload")
 	fs.BoolVar(&o.rss5M, "rss-5m", false, "also backfill 5M events (before -scale) to compare peak RSS with 1M")
@@ -142,6 +146,9 @@ func parseFlags(args []string) (options, error) {
 	}
 	if o.w7Rate <= 0 {
 		return o, fmt.Errorf("-w7-rate must be positive")
+	}
+	if o.w7SlowMS <= 0 {
+		return o, fmt.Errorf("-w7-slow-ms must be positive")
 	}
 	if o.scale <= 0 {
 		return o, fmt.Errorf("-scale must be positive")

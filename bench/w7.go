@@ -3,9 +3,14 @@ package main
 import (
 	"context"
 	"fmt"
+	"math"
+	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
+	"sync"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 )
@@ -36,6 +41,20 @@ import (
 // row). W4's producer runs at -w7-rate for one W4 step. p50 and p99 are
 // over the rows of all N projections pooled (N rows per event); the worst
 // single projection's p99 is reported beside them.
+//
+// One slow member (-w7-slow, when 8 is in -w7-live): the live step once
+// more with 8 projections, the 8th of which (w7s8) also runs an `sql` rule
+// that sleeps in PostgreSQL for -w7-slow-ms per event on average (pg_sleep
+// sleeps in whole milliseconds, so a share of the events sleeps one more
+// millisecond, chosen by position). Its one partition then applies fewer
+// events per second than the producer appends: its queues fill, and the
+// group's stream, which waits for a member whose queue is full, slows the
+// other 7 down to its pace. The step is compared with the normal 8 run
+// (whose 8th, w7l8, is like the others): the 7 others' latency pooled, the
+// 8th's, how many events each had not accounted for when the producer
+// stopped (the 7 others: the furthest behind), what each applied per
+// second over the step, and the engine's peak RSS, which the bounded
+// queues keep where it was.
 
 // w7Figures are W7's results.
 type w7Figures struct {
@@ -44,6 +63,95 @@ type w7Figures struct {
 	CatchUp  []w7CatchUp `json:"catch_up,omitempty"`
 	Live     []w7Live    `json:"live,omitempty"`
 	LiveRate int         `json:"live_rate"`
+	Slow     []w7Slow    `json:"slow_member,omitempty"` // -w7-slow: 8 live, none slow, then the 8th slow
+}
+
+// w7Slow is one case of W7's slow-member comparison: 8 projections live,
+// the 8th normal (SleepMS 0) or slow. Latencies in ms; "others" are
+// projections 1 to 7, "last" the 8th.
+type w7Slow struct {
+	Case          string  `json:"case"`
+	SleepMS       float64 `json:"sleep_ms_per_event,omitempty"` // the 8th's pg_sleep per event, mean
+	Events        int64   `json:"events"`
+	Achieved      float64 `json:"achieved_rate"`
+	OthersP50     float64 `json:"others_p50_ms"`
+	OthersP99     float64 `json:"others_p99_ms"`
+	OthersWorst   float64 `json:"others_worst_p99_ms"`
+	OthersMax     float64 `json:"others_max_ms"`
+	LastP50       float64 `json:"last_p50_ms"`
+	LastP99       float64 `json:"last_p99_ms"`
+	LastMax       float64 `json:"last_max_ms"`
+	OthersBacklog int64   `json:"others_backlog,omitempty"` // events not accounted for when the producer stopped: the furthest behind of the 7
+	LastBacklog   int64   `json:"last_backlog,omitempty"`   // … and the 8th
+	OthersRate    float64 `json:"others_applied_rate"`      // events/s applied over the step: the slowest of the 7
+	LastRate      float64 `json:"last_applied_rate"`
+	PeakRSSMB     float64 `json:"peak_rss_mb"` // over the engine's run (VmHWM)
+	// The highest RSS sampled (every 500 ms) in each half of the step.
+	RSSFirstHalfMB  float64 `json:"rss_first_half_mb,omitempty"`
+	RSSSecondHalfMB float64 `json:"rss_second_half_mb,omitempty"`
+	Load            string  `json:"load"`
+}
+
+// rssSampler samples a process's RSS until stopped.
+type rssSampler struct {
+	start time.Time
+	end   time.Duration // since start, when stopped
+	done  chan struct{}
+	once  sync.Once
+	wg    sync.WaitGroup
+	at    []time.Duration // since start
+	rss   []int64
+}
+
+func sampleRSS(pid int, every time.Duration) *rssSampler {
+	s := &rssSampler{start: time.Now(), done: make(chan struct{})}
+	s.wg.Add(1)
+	go func() {
+		defer s.wg.Done()
+		t := time.NewTicker(every)
+		defer t.Stop()
+		for {
+			if r, err := currentRSS(pid); err == nil {
+				s.at, s.rss = append(s.at, time.Since(s.start)), append(s.rss, r)
+			}
+			select {
+			case <-s.done:
+				return
+			case <-t.C:
+			}
+		}
+	}()
+	return s
+}
+
+// stop ends the sampling (idempotent); the samples may be read after it.
+func (s *rssSampler) stop() {
+	s.once.Do(func() {
+		s.end = time.Since(s.start)
+		close(s.done)
+		s.wg.Wait()
+	})
+}
+
+// halves returns the highest RSS sampled in each half of the sampling, MB.
+func (s *rssSampler) halves() (first, second float64) {
+	for i, at := range s.at {
+		if at < s.end/2 {
+			first = max(first, mb(s.rss[i]))
+		} else {
+			second = max(second, mb(s.rss[i]))
+		}
+	}
+	return first, second
+}
+
+func (s *rssSampler) write(path string) error {
+	var sb strings.Builder
+	sb.WriteString("seconds,rss_mb\n")
+	for i, at := range s.at {
+		fmt.Fprintf(&sb, "%.1f,%.1f\n", at.Seconds(), mb(s.rss[i]))
+	}
+	return os.WriteFile(path, []byte(sb.String()), 0o644)
 }
 
 // w7CatchUp is one N of W7's catch-up. CPU figures are µs per event and
@@ -76,12 +184,7 @@ func w7Block(kind string, i int) string {
 	name := fmt.Sprintf("w7%s%d", kind, i)
 	head := fmt.Sprintf("[[projection]]\n# %s: one of W7's identical projections (bench/w7.go).\nname     = %q\nversion  = 1\non_error = \"dead_letter\"\n\n", name, name)
 	if kind == "l" {
-		return head + fmt.Sprintf(`  [[projection.rule]]
-  name  = "record"
-  op    = "insert"
-  table = "w7_live_%d"
-  set   = { event_id = "id", stream_id = "stream_id" }
-`, i)
+		return head + w7Record(i)
 	}
 	return head + fmt.Sprintf(`  [[projection.rule]]
   name  = "count"
@@ -93,6 +196,58 @@ func w7Block(kind string, i int) string {
 `, i)
 }
 
+func w7Record(i int) string {
+	return fmt.Sprintf(`  [[projection.rule]]
+  name  = "record"
+  op    = "insert"
+  table = "w7_live_%d"
+  set   = { event_id = "id", stream_id = "stream_id" }
+`, i)
+}
+
+// w7SlowBlock is W7's slow projection w7s<i>: a live one (a row per event
+// into w7_live_<i>) whose events also sleep in PostgreSQL, ms on average.
+func w7SlowBlock(i int, ms float64) string {
+	name := fmt.Sprintf("w7s%d", i)
+	return fmt.Sprintf("[[projection]]\n# %s: W7's slow projection (bench/w7.go).\nname     = %q\nversion  = 1\non_error = \"dead_letter\"\n\n", name, name) +
+		w7Record(i) + w7SleepRule(ms)
+}
+
+// w7SleepRule is the slow projection's rule: w7SleepSQL, its argument
+// the event's position when it reads one.
+func w7SleepRule(ms float64) string {
+	q := w7SleepSQL(ms)
+	r := fmt.Sprintf(`
+  [[projection.rule]]
+  name = "slow"
+  op   = "sql"
+  sql  = %q
+`, q)
+	if strings.Contains(q, "$1") {
+		r += "  args = [\"position\"]\n"
+	}
+	return r
+}
+
+// w7SleepSQL is a statement that sleeps ms on average over consecutive
+// positions ($1). pg_sleep waits in whole milliseconds: it rounds what is
+// left up to one, and its wait may end a hair before the time asked for,
+// which costs one more (pg_sleep(0.001) takes 2 ms). So it is asked for
+// half a millisecond less than the whole milliseconds wanted, and a
+// fraction of a millisecond is a share of the events that sleep one more.
+func w7SleepSQL(ms float64) string {
+	whole := math.Floor(ms)
+	pct := int(math.Round((ms - whole) * 100))
+	if pct == 100 {
+		whole, pct = whole+1, 0
+	}
+	secs := func(ms float64) float64 { return max(ms-0.5, 0) / 1000 }
+	if pct == 0 {
+		return fmt.Sprintf("SELECT pg_sleep(%g)", secs(whole))
+	}
+	return fmt.Sprintf("SELECT pg_sleep(CASE WHEN $1::bigint %% 100 < %d THEN %g ELSE %g END)", pct, secs(whole+1), secs(whole))
+}
+
 // w7DDL is the read models of the W7 projections among targets ("" when
 // there are none).
 func w7DDL(targets []target) string {
@@ -101,7 +256,7 @@ func w7DDL(targets []target) string {
 		kind, i, ok := w7Projection(t.projection)
 		switch {
 		case !ok:
-		case kind == "l":
+		case kind == "l" || kind == "s":
 			fmt.Fprintf(&sb, "\nCREATE TABLE IF NOT EXISTS w7_live_%d (event_id uuid PRIMARY KEY, stream_id text NOT NULL);", i)
 		default:
 			fmt.Fprintf(&sb, "\nCREATE TABLE IF NOT EXISTS w7_counts_%d (stream_id text PRIMARY KEY, n bigint NOT NULL, last_type text NOT NULL);", i)
@@ -110,10 +265,10 @@ func w7DDL(targets []target) string {
 	return sb.String()
 }
 
-// w7Projection parses a W7 projection name: w7p<i> or w7l<i>.
+// w7Projection parses a W7 projection name: w7p<i>, w7l<i> or w7s<i>.
 func w7Projection(name string) (kind string, i int, ok bool) {
 	rest, found := strings.CutPrefix(name, "w7")
-	if !found || len(rest) < 2 || (rest[0] != 'p' && rest[0] != 'l') {
+	if !found || len(rest) < 2 || !strings.ContainsRune("pls", rune(rest[0])) {
 		return "", 0, false
 	}
 	i, err := strconv.Atoi(rest[1:])
@@ -143,7 +298,7 @@ func (b *bench) w7(ctx context.Context) error {
 			"WAL catch-up of %s events over %s streams appended in transactions of %d while the engine was stopped, "+
 			"for N in %s; then live at %s events/s for %s, for N in %s",
 			thousands(n), thousands(hist.streams), o.w5TxEvents, joinInts(o.w7Counts), thousands(int64(o.w7Rate)),
-			o.w4Step(), joinInts(o.w7Live)), n)
+			o.w4Step(), joinInts(o.w7Live))+w7SlowSummary(o), n)
 	w.W7 = f
 	for _, k := range o.w7Counts {
 		c, err := b.w7CatchUp(ctx, w, hist, k)
@@ -167,11 +322,24 @@ func (b *bench) w7(ctx context.Context) error {
 		}
 	}
 	for _, k := range o.w7Live {
-		l, err := b.w7LiveRun(ctx, k)
+		l, sl, err := b.w7LiveRun(ctx, k, false)
 		if err != nil {
 			return fmt.Errorf("live with %d projections: %w", k, err)
 		}
 		f.Live = append(f.Live, l)
+		if sl != nil {
+			f.Slow = append(f.Slow, *sl)
+		}
+		if err := b.write(); err != nil {
+			return err
+		}
+	}
+	if w7SlowSummary(o) != "" {
+		_, sl, err := b.w7LiveRun(ctx, w7SlowN, true)
+		if err != nil {
+			return fmt.Errorf("live with %d projections, one slow: %w", w7SlowN, err)
+		}
+		f.Slow = append(f.Slow, *sl)
 		if err := b.write(); err != nil {
 			return err
 		}
@@ -266,31 +434,144 @@ FROM events GROUP BY 1`); err != nil {
 	return out, nil
 }
 
-// w7LiveRun runs W7's live step with k projections.
-func (b *bench) w7LiveRun(ctx context.Context, k int) (w7Live, error) {
+// w7SlowN is how many projections W7's slow-member step runs.
+const w7SlowN = 8
+
+// w7SlowSummary is the slow-member step in W7's description ("" when it
+// does not run).
+func w7SlowSummary(o options) string {
+	if !o.w7Slow || !slices.Contains(o.w7Live, w7SlowN) {
+		return ""
+	}
+	return fmt.Sprintf("; then live with %d, one of which sleeps %g ms per event in PostgreSQL", w7SlowN, o.w7SlowMS)
+}
+
+// w7LiveRun runs W7's live step with k projections; with slow, the k-th
+// is w7s<k>, which sleeps in PostgreSQL per event. With -w7-slow and k =
+// w7SlowN it also returns the slow-member comparison's case.
+func (b *bench) w7LiveRun(ctx context.Context, k int, slow bool) (w7Live, *w7Slow, error) {
 	id := fmt.Sprintf("W7l%d", k)
+	what := fmt.Sprintf("W7 live, %d projection(s)", k)
 	targets := b.w7Targets("l", k)
-	say("W7: live with %d projection(s) …", k)
+	var sl *w7Slow
+	if b.opts.w7Slow && k == w7SlowN {
+		sl = &w7Slow{Case: "none slow"}
+	}
+	if slow {
+		id += "s"
+		name := fmt.Sprintf("w7s%d", k)
+		b.tmpl.projections[name] = w7SlowBlock(k, b.opts.w7SlowMS)
+		targets[k-1] = target{projection: name, version: 1}
+		what += fmt.Sprintf(", %s slow", name)
+		sl.Case, sl.SleepMS = name+" slow", b.opts.w7SlowMS
+	}
+	say("%s …", what)
 	lv, err := b.startLive(ctx, id, targets)
 	if err != nil {
-		return w7Live{}, err
+		return w7Live{}, nil, err
 	}
 	defer lv.close(ctx)
-	lv.what = fmt.Sprintf("W7 live, %d projection(s)", k)
+	lv.what = what
 	for i := range k {
 		lv.tables = append(lv.tables, fmt.Sprintf("w7_live_%d", i+1))
 	}
+	total0 := lv.total
+	var (
+		behind map[string]int64
+		rss    *rssSampler
+	)
+	if sl != nil {
+		rss = sampleRSS(lv.p.pid, 500*time.Millisecond)
+		defer rss.stop()
+		lv.stepEnd = func(ctx context.Context, _, _ int64) error {
+			rss.stop()
+			var e error
+			behind, e = w7Behind(ctx, lv.db, targets, lv.total)
+			return e
+		}
+	}
 	row, err := b.liveStep(ctx, lv, b.opts.w7Rate, nil)
 	if err != nil {
-		return w7Live{}, err
+		return w7Live{}, nil, err
 	}
-	say("W7: live with %d projection(s): worst projection's p99 %.1f ms", k, row.WorstP99)
+	say("%s: worst projection's p99 %.1f ms", what, row.WorstP99)
+	if sl != nil {
+		if err := sl.fill(ctx, lv, row, targets, behind, lv.total-total0); err != nil {
+			return w7Live{}, nil, err
+		}
+		sl.RSSFirstHalfMB, sl.RSSSecondHalfMB = rss.halves()
+		if err := rss.write(filepath.Join(b.opts.rawDir, strings.ToLower(id)+"-rss.csv")); err != nil {
+			return w7Live{}, nil, err
+		}
+		say("%s: the 7 others p50 %.1f ms, p99 %.1f ms; %s p99 %.1f ms; behind when the producer stopped: others %d, %s %d; applied %.0f/s (slowest other) and %.0f/s; peak RSS %.1f MB (step's halves %.1f, %.1f MB)",
+			what, sl.OthersP50, sl.OthersP99, targets[k-1].projection, sl.LastP99, sl.OthersBacklog, targets[k-1].projection,
+			sl.LastBacklog, sl.OthersRate, sl.LastRate, sl.PeakRSSMB, sl.RSSFirstHalfMB, sl.RSSSecondHalfMB)
+	}
 	if sts, err := b.topStatements(ctx, lv.db); err == nil {
 		for _, st := range sts {
 			say("W7 live %d: %8d calls %10.1f ms %s", k, st.Calls, st.TotalMS, truncate(st.Query, 120))
 		}
 	}
-	return w7Live{Projections: k, Step: row}, lv.p.stop()
+	return w7Live{Projections: k, Step: row}, sl, lv.p.stop()
+}
+
+// w7Behind returns, per target, how many of the total events it has not
+// accounted for, read in one snapshot.
+func w7Behind(ctx context.Context, db *database, targets []target, total int64) (map[string]int64, error) {
+	names := make([]string, len(targets))
+	for i, t := range targets {
+		names[i] = t.projection
+	}
+	rows, err := db.pool.Query(ctx, `SELECT projection, sum(applied + skipped + dead_lettered)::bigint
+FROM pgscribe.cursors WHERE version = 1 AND projection = ANY($1) GROUP BY projection`, names)
+	if err != nil {
+		return nil, fmt.Errorf("backlog: %w", err)
+	}
+	out := make(map[string]int64, len(targets))
+	for _, n := range names {
+		out[n] = total
+	}
+	var name string
+	var got int64
+	if _, err := pgx.ForEachRow(rows, []any{&name, &got}, func() error {
+		out[name] = total - got
+		return nil
+	}); err != nil {
+		return nil, fmt.Errorf("backlog: %w", err)
+	}
+	return out, nil
+}
+
+// fill measures the slow-member case of a finished step: latencies of the
+// others pooled and of the last, from the step's rows; backlogs and
+// applied rates from behind (read when the producer stopped, sent events
+// after the warm-up).
+func (sl *w7Slow) fill(ctx context.Context, lv *liveRun, row LatencyRow, targets []target, behind map[string]int64, sent int64) error {
+	k := len(targets)
+	var others, last LatencyRow
+	if err := latencyOver(ctx, lv.db, lv.tables[:k-1], lv.lo, lv.hi, &others); err != nil {
+		return err
+	}
+	if err := latencyOver(ctx, lv.db, lv.tables[k-1:], lv.lo, lv.hi, &last); err != nil {
+		return err
+	}
+	sl.Events, sl.Achieved, sl.PeakRSSMB, sl.Load = row.Events, row.Achieved, row.PeakRSSMB, row.Load
+	sl.OthersP50, sl.OthersP99, sl.OthersWorst, sl.OthersMax = others.P50, others.P99, others.WorstP99, others.Max
+	sl.LastP50, sl.LastP99, sl.LastMax = last.P50, last.P99, last.Max
+	secs := lv.step.Seconds()
+	sl.OthersRate = -1
+	for i, t := range targets {
+		r := float64(sent-behind[t.projection]) / secs
+		if i == k-1 {
+			sl.LastBacklog, sl.LastRate = behind[t.projection], r
+			continue
+		}
+		sl.OthersBacklog = max(sl.OthersBacklog, behind[t.projection])
+		if sl.OthersRate < 0 || r < sl.OthersRate {
+			sl.OthersRate = r
+		}
+	}
+	return nil
 }
 
 // latencyOver fills the percentiles of the commit-to-commit latency of
@@ -378,6 +659,56 @@ func (f *w7Figures) markdown(p func(string, ...any)) {
 				thousands(int64(s.Achieved)), s.P50, s.P99, vs(l.P99VsOne), s.WorstP99, s.Max, s.CPUPerEvent,
 				optFloat(s.PGCPUPerEvent), s.Load)
 		}
+		p("")
+	}
+	if len(f.Slow) > 0 {
+		f.slowMarkdown(p)
+	}
+}
+
+// slowMarkdown renders W7's slow-member comparison.
+func (f *w7Figures) slowMarkdown(p func(string, ...any)) {
+	var slowMS float64
+	for _, c := range f.Slow {
+		slowMS = max(slowMS, c.SleepMS)
+	}
+	p("One slow member (`-w7-slow`): the live step again with %d projections, the 8th of which (w7s%d) also runs an `sql` "+
+		"rule that sleeps in PostgreSQL %.2f ms per event on average (`pg_sleep`, which waits whole milliseconds: a "+
+		"fraction is a share of the events, by position, that sleep one more), "+
+		"so that its one partition applies fewer events per second than the producer's %s. The projections share one "+
+		"group: one slot, one decode, a bounded queue (1,024 messages) per member before its partitions' own queues, "+
+		"and the group's stream waits for a member whose queues are full. *none slow* is the normal %d run, whose 8th (w7l%d) is like the others. Latency "+
+		"as above; *others* are projections 1–7 pooled; *behind at the end* is the events not yet accounted for "+
+		"(cursors) when the producer stopped, for the others the furthest behind of the 7; *applied/s* is over the "+
+		"step (the others: the slowest of the 7); the slow one's backlog less the others' is about what the engine "+
+		"holds for it (its queues), the rest waits in PostgreSQL's WAL. *peak RSS* is the engine's over its whole run "+
+		"(warm-up and catch-up included), *RSS by half* the highest of its RSS sampled every 500 ms in each half of the step.",
+		w7SlowN, w7SlowN, slowMS, thousands(int64(f.LiveRate)), w7SlowN, w7SlowN)
+	p("")
+	p("| case | p50 ms (7 others) | p99 ms (7 others) | 8th's p99 ms | behind at the end: others / 8th | applied/s: others / 8th | peak RSS MB | RSS MB by half of the step | load |")
+	p("|---|--:|--:|--:|--:|--:|--:|--:|---|")
+	for _, c := range f.Slow {
+		p("| %s | %.1f | %.1f | %.1f | %s / %s | %s / %s | %.1f | %.1f / %.1f | %s |", c.Case, c.OthersP50, c.OthersP99,
+			c.LastP99, thousands(c.OthersBacklog), thousands(c.LastBacklog), thousands(int64(c.OthersRate)),
+			thousands(int64(c.LastRate)), c.PeakRSSMB, c.RSSFirstHalfMB, c.RSSSecondHalfMB, c.Load)
+	}
+	p("")
+	if len(f.Slow) == 2 && f.Slow[0].OthersP99 > 0 && f.Slow[0].PeakRSSMB > 0 {
+		n, s := f.Slow[0], f.Slow[1]
+		verdict := "they waited for it: once its queues were full the group's stream went at its pace (a projection " +
+			"that must never wait for another needs a group of its own)"
+		if s.OthersP99 < 2*n.OthersP99 {
+			verdict = "they hardly waited for it: its queues took its backlog within the step"
+		}
+		memory := "no higher in the step's second half than in its first: bounded"
+		if s.RSSSecondHalfMB > 1.1*s.RSSFirstHalfMB {
+			memory = "still growing in the step's second half (the slow one's queues may still have been filling: " +
+				"a longer step, -w4-seconds, shows whether it levels off)"
+		}
+		p("With one slow member the 7 others' p99 went from %.1f to %.1f ms (%.0f×), their p50 from %.1f to %.1f ms: "+
+			"%s. The engine's peak RSS went from %.1f to %.1f MB (%+.1f MB), and was %s.",
+			n.OthersP99, s.OthersP99, s.OthersP99/n.OthersP99, n.OthersP50, s.OthersP50, verdict, n.PeakRSSMB,
+			s.PeakRSSMB, s.PeakRSSMB-n.PeakRSSMB, memory)
 		p("")
 	}
 }
