@@ -152,6 +152,13 @@ func (ck *checker) source(ctx context.Context) error {
 	for i, spec := range ck.cfg.Projections {
 		names[i] = ck.cfg.SlotName(spec)
 	}
+	// A group of two or more versions also has a slot of its own; each
+	// version has one while it builds.
+	for name, idx := range ck.cfg.Groups() {
+		if len(idx) > 1 {
+			names = append(names, ck.cfg.GroupSlotName(name))
+		}
+	}
 	if err := src.QueryRow(ctx, `SELECT current_setting('wal_level'), current_setting('max_replication_slots')::int,
   (SELECT count(*) FROM pg_replication_slots), (SELECT count(*) FROM pg_replication_slots WHERE slot_name = ANY($1))`,
 		names).Scan(&walLevel, &maxSlots, &usedSlots, &ours); err != nil {
@@ -161,7 +168,7 @@ func (ck *checker) source(ctx context.Context) error {
 		ck.add("source", "", "wal_level is %q, logical replication needs \"logical\" (set it and restart PostgreSQL)", walLevel)
 	}
 	if need := len(names) - ours; need > maxSlots-usedSlots {
-		ck.add("source", "", "max_replication_slots is %d with %d in use: the %d projection versions without a slot need %d more",
+		ck.add("source", "", "max_replication_slots is %d with %d in use: the %d projection versions and groups without a slot need %d more",
 			maxSlots, usedSlots, need, need-(maxSlots-usedSlots))
 	}
 

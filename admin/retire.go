@@ -109,6 +109,21 @@ func Retire(ctx context.Context, cfg *config.Config, o RetireOptions, w io.Write
 				return fail(fmt.Errorf("state deleted, but: %w (run retire again)", err))
 			}
 		}
+		// A group's slot that no version is recorded on any more goes too.
+		groupSlot := cfg.GroupSlotName(rules.Spec{Name: o.Projection, Version: o.Version, Group: groupOf(cfg, o)}.GroupName())
+		var onGroup int
+		if err := c.target.QueryRow(ctx, "SELECT count(*) FROM "+pgx.Identifier{schema, "watermarks"}.Sanitize()+
+			" WHERE slot_name = $1", groupSlot).Scan(&onGroup); err != nil {
+			return fail(err)
+		}
+		if onGroup == 0 {
+			if info, err := replication.InspectSlot(ctx, c.source, groupSlot); err == nil && info.Exists {
+				if err := replication.DropSlot(ctx, c.source, groupSlot); err != nil {
+					return fail(fmt.Errorf("state deleted, but: %w (run retire again)", err))
+				}
+				fmt.Fprintf(w, "  dropped the group's replication slot %q (no version streams from it)\n", groupSlot)
+			}
+		}
 
 		fmt.Fprintf(w, "retired %s v%d:\n", o.Projection, o.Version)
 		if plan.slotExists {
@@ -190,4 +205,15 @@ func loadServed(ctx context.Context, q event.Querier, schema string) (map[string
 		out[s.Projection] = s
 	}
 	return out, nil
+}
+
+// groupOf is the configured group of the version o names ("" when it is
+// not configured any more: the default group).
+func groupOf(cfg *config.Config, o RetireOptions) string {
+	for _, s := range cfg.Projections {
+		if s.Name == o.Projection && s.Version == o.Version {
+			return s.Group
+		}
+	}
+	return ""
 }

@@ -84,6 +84,8 @@ type UnconfiguredSlot struct {
 // are null in JSON when the value is unknown or does not apply (no slot, no
 // watermark, not backfilling).
 type ProjectionStatus struct {
+	Group      string       `json:"group"`                 // the version's group (config key group)
+	SharedSlot bool         `json:"shared_slot,omitempty"` // it streams from its group's slot
 	Projection string       `json:"projection"`
 	Version    int64        `json:"version"`
 	State      engine.State `json:"state"`
@@ -323,9 +325,18 @@ func Status(ctx context.Context, cfg *config.Config) (*StatusReport, error) {
 	if err := c.source.QueryRow(ctx, "SELECT count(*) FROM "+table).Scan(&rep.Events); err != nil {
 		return nil, fmt.Errorf("count events in %s: %w", table, err)
 	}
+	// A version that joined its group's stream streams from the group's
+	// slot (its watermark is recorded there); any other from its own.
 	names := make([]string, len(cfg.Projections))
 	for i, spec := range cfg.Projections {
 		names[i] = cfg.SlotName(spec)
+		wm, ok, err := cursor.New(schema, spec.Name, spec.Version).LoadWatermark(ctx, c.target)
+		if err != nil {
+			return nil, err
+		}
+		if g := cfg.GroupSlotName(spec.GroupName()); ok && wm.SlotName == g {
+			names[i] = g
+		}
 	}
 	slots, err := loadSlots(ctx, c.source, rep.SourceWAL, names)
 	if err != nil {
@@ -337,7 +348,7 @@ func Status(ctx context.Context, cfg *config.Config) (*StatusReport, error) {
 
 	for i, spec := range cfg.Projections {
 		ps := ProjectionStatus{Projection: spec.Name, Version: spec.Version, Slot: SlotStatus{Name: names[i]},
-			Schema: spec.Schema, Serve: spec.Serve}
+			Schema: spec.Schema, Serve: spec.Serve, Group: spec.GroupName(), SharedSlot: names[i] == cfg.GroupSlotName(spec.GroupName())}
 		if sv, ok := served[spec.Name]; ok && sv.Version == spec.Version {
 			ps.Served = true
 		}
@@ -540,6 +551,9 @@ func statusNotes(ps ProjectionStatus, haveWM bool, wmSlot string, hasCursors boo
 		notes = append(notes, "the slot is missing: the next run resyncs from a new snapshot; cursors skip what was applied")
 	case !ps.Slot.Exists && !hasCursors && !haveWM:
 		notes = append(notes, "never run: the next run creates the slot and backfills")
+	}
+	if ps.SharedSlot {
+		notes = append(notes, fmt.Sprintf("streams from its group's shared slot %q: one decode for the group's versions; the slot's WAL is held back by the lowest of their watermarks", wmSlot))
 	}
 	if haveWM && wmSlot != "" && wmSlot != ps.Slot.Name {
 		notes = append(notes, fmt.Sprintf("the watermark belongs to slot %q (slot_prefix changed?): the next run rebuilds", wmSlot))

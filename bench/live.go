@@ -125,7 +125,14 @@ type liveRun struct {
 	targets []target
 	step    time.Duration
 	total   int64
-	table   string // the read model whose rows time the events; "" = account_activity
+	table   string   // the read model whose rows time the events; "" = account_activity
+	tables  []string // W7: several read models whose rows time the events, pooled (overrides table)
+	what    string   // how steps are logged; "" = W4
+	// stepEnd, when set, runs as soon as a step's producer has stopped,
+	// before the engine is waited for (W7: how far behind each projection
+	// is then). lo and hi are the step's events' positions (lo, hi].
+	stepEnd func(ctx context.Context, lo, hi int64) error
+	lo, hi  int64 // the last step's events' positions (lo, hi]
 }
 
 // liveStep runs the producer at rate for one step and measures it. With a
@@ -134,6 +141,9 @@ type liveRun struct {
 func (b *bench) liveStep(ctx context.Context, lv *liveRun, rate int, paired *floorConsumer) (LatencyRow, error) {
 	row := LatencyRow{TargetRate: rate, Seconds: lv.step.Seconds(), Load: loadAverage()}
 	what := "W4"
+	if lv.what != "" {
+		what = lv.what
+	}
 	if paired != nil {
 		what = "W4 paired"
 	}
@@ -154,6 +164,12 @@ func (b *bench) liveStep(ctx context.Context, lv *liveRun, rate int, paired *flo
 		return row, err
 	}
 	lv.total += sent
+	lv.lo, lv.hi = pos0, pos1
+	if lv.stepEnd != nil {
+		if err := lv.stepEnd(ctx, pos0, pos1); err != nil {
+			return row, err
+		}
+	}
 	s1, _, err := b.waitAccounted(ctx, lv.db, lv.p, lv.targets, lv.total, false)
 	if err != nil {
 		return row, err
@@ -167,7 +183,12 @@ func (b *bench) liveStep(ctx context.Context, lv *liveRun, rate int, paired *flo
 	row.PeakRSSMB = mb(s1.hwm)
 	row.OtherCores = otherCores(s0, s1)
 	row.Poison = lv.prod.poison
-	if err := latency(ctx, lv.db, lv.table, pos0, pos1, &row); err != nil {
+	if len(lv.tables) > 0 {
+		err = latencyOver(ctx, lv.db, lv.tables, pos0, pos1, &row)
+	} else {
+		err = latency(ctx, lv.db, lv.table, pos0, pos1, &row)
+	}
+	if err != nil {
 		return row, err
 	}
 	if paired != nil {

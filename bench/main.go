@@ -41,6 +41,11 @@ type options struct {
 	w4Producers                  int
 	w4Tick                       time.Duration
 	w5TxEvents                   int64
+	w7Events                     int64
+	w7Counts, w7Live             []int
+	w7Rate                       int
+	w7Slow                       bool
+	w7SlowMS                     float64
 	rss5M, profile, refs         bool
 	statements                   bool
 	pgMode                       string
@@ -50,7 +55,7 @@ type options struct {
 	baseline                     string
 }
 
-var allWorkloads = []string{"W1", "W2", "W3", "W4", "W5", "W6", "W4P"}
+var allWorkloads = []string{"W1", "W2", "W3", "W4", "W5", "W6", "W7", "W4P"}
 
 // presentationFlags may be set without making a run "quick": they do not
 // change what is measured.
@@ -78,7 +83,7 @@ func parseFlags(args []string) (options, error) {
 	fs.StringVar(&o.bin, "bin", "bin/pgscribe", "pgscribe binary to run")
 	fs.StringVar(&o.configPath, "config", "config.toml.example", "configuration whose projections the workloads run")
 	fs.StringVar(&o.schemaPath, "schema", "examples/demo/schema.sql", "read-model tables of those projections")
-	workloads := fs.String("workloads", strings.Join(allWorkloads, ","), "workloads to run, comma separated (W1…W6, W4P)")
+	workloads := fs.String("workloads", strings.Join(allWorkloads, ","), "workloads to run, comma separated (W1…W7, W4P)")
 	fs.Float64Var(&o.scale, "scale", 1, "multiplies event counts, the loop slice and W4 durations (0.1 = smoke run)")
 	fs.Int64Var(&o.events, "events", 1_000_000, "events of the backfill and catch-up workloads (before -scale)")
 	fs.Int64Var(&o.streams, "streams", 10_000, "streams (accounts) the events spread over")
@@ -91,6 +96,12 @@ func parseFlags(args []string) (options, error) {
 	fs.IntVar(&o.w4Producers, "w4-producers", 4, "W4 producer connections (each commits every -w4-tick)")
 	fs.DurationVar(&o.w4Tick, "w4-tick", 10*time.Millisecond, "W4: each producer commits what is due every tick")
 	fs.Int64Var(&o.w5TxEvents, "w5-tx-events", 100, "W5: events per appended transaction while the engine is stopped")
+	fs.Int64Var(&o.w7Events, "w7-events", 200_000, "W7: events appended while the engine is stopped, caught up by N projections (before -scale)")
+	w7Counts := fs.String("w7-counts", "1,4,8", "W7: the numbers of projections whose WAL catch-up is measured")
+	w7Live := fs.String("w7-live", "1,8", "W7: the numbers of projections whose live latency is measured")
+	fs.IntVar(&o.w7Rate, "w7-rate", 1000, "W7: producer rate of the live step, events/s")
+	fs.BoolVar(&o.w7Slow, "w7-slow", true, "W7: when 8 is in -w7-live, one more live step of 8 projections of which one is slow (its sql rule sleeps in PostgreSQL per event)")
+	fs.Float64Var(&o.w7SlowMS, "w7-slow-ms", 1, "W7: how long the slow projection sleeps in PostgreSQL per event, mean ms (pg_sleep waits whole ms: a fraction is a share of the events, by position, that sleep one ms more)")
 	fs.BoolVar(&o.refs, "refs", true, "measure the references: SQL ceiling, per-event loop, W4's decode floor (false: engine only, for quick experiments)")
 	fs.BoolVar(&o.statements, "statements", false, "load pg_stat_statements and report the engine's heaviest statements per workload")
 	fs.BoolVar(&o.rss5M, "rss-5m", false, "also backfill 5M events (before -scale) to compare peak RSS with 1M")
@@ -125,6 +136,19 @@ func parseFlags(args []string) (options, error) {
 			return o, fmt.Errorf("-w4-rates: %q is not a positive rate", r)
 		}
 		o.w4Rates = append(o.w4Rates, n)
+	}
+	var err error
+	if o.w7Counts, err = positiveInts("w7-counts", *w7Counts); err != nil {
+		return o, err
+	}
+	if o.w7Live, err = positiveInts("w7-live", *w7Live); err != nil {
+		return o, err
+	}
+	if o.w7Rate <= 0 {
+		return o, fmt.Errorf("-w7-rate must be positive")
+	}
+	if o.w7SlowMS <= 0 {
+		return o, fmt.Errorf("-w7-slow-ms must be positive")
 	}
 	if o.scale <= 0 {
 		return o, fmt.Errorf("-scale must be positive")
@@ -235,6 +259,7 @@ func run(ctx context.Context, o options) error {
 		{"W4", b.live},
 		{"W5", func(ctx context.Context) error { return b.catchUp(ctx, hist) }},
 		{"W6", func(ctx context.Context) error { return b.w6(ctx, hist) }},
+		{"W7", b.w7},
 		{"W4P", b.livePoison},
 	}
 	for _, s := range steps {

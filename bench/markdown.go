@@ -124,6 +124,9 @@ func (r *Results) markdown() string {
 		if w.Wait != nil {
 			w.Wait.markdown(p)
 		}
+		if w.W7 != nil {
+			w.W7.markdown(p)
+		}
 		if len(w.Statements) > 0 {
 			p("PostgreSQL's heaviest statements during the engine run (pg_stat_statements, execution time only: " +
 				"parse, bind and commit are not in it; the bench's 100 ms poll of `pgscribe.cursors` is one of them):")

@@ -55,7 +55,13 @@ func processCPU(pid int) (time.Duration, error) {
 }
 
 // peakRSS returns VmHWM, the peak resident set size of pid, in bytes.
-func peakRSS(pid int) (int64, error) {
+func peakRSS(pid int) (int64, error) { return statusBytes(pid, "VmHWM") }
+
+// currentRSS returns a process's resident set size now, in bytes.
+func currentRSS(pid int) (int64, error) { return statusBytes(pid, "VmRSS") }
+
+// statusBytes reads a kB field of /proc/<pid>/status, in bytes.
+func statusBytes(pid int, field string) (int64, error) {
 	f, err := os.Open(fmt.Sprintf("/proc/%d/status", pid))
 	if err != nil {
 		return 0, err
@@ -63,12 +69,12 @@ func peakRSS(pid int) (int64, error) {
 	defer f.Close()
 	sc := bufio.NewScanner(f)
 	for sc.Scan() {
-		if rest, ok := strings.CutPrefix(sc.Text(), "VmHWM:"); ok {
+		if rest, ok := strings.CutPrefix(sc.Text(), field+":"); ok {
 			kb, err := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(rest), " kB"), 10, 64)
 			return kb << 10, err
 		}
 	}
-	return 0, fmt.Errorf("/proc/%d/status: no VmHWM", pid)
+	return 0, fmt.Errorf("/proc/%d/status: no %s", pid, field)
 }
 
 // treeCPU returns the CPU time of a PostgreSQL postmaster and all its

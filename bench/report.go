@@ -59,6 +59,7 @@ type Workload struct {
 	Checks          []Check      `json:"checks,omitempty"`
 	Statements      []Statement  `json:"statements,omitempty"`
 	Wait            *WaitFigures `json:"wait,omitempty"` // W4 with -w4-wait (bench/wait.go)
+	W7              *w7Figures   `json:"w7,omitempty"`   // W7 (bench/w7.go)
 }
 
 // Statement is one line of pg_stat_statements over an engine run.
@@ -98,6 +99,7 @@ type LatencyRow struct {
 	P50           float64 `json:"p50_ms"`
 	P99           float64 `json:"p99_ms"`
 	Max           float64 `json:"max_ms"`
+	WorstP99      float64 `json:"worst_projection_p99_ms,omitempty"` // W7: the highest p99 of one projection's rows
 	CPUPerEvent   float64 `json:"cpu_us_per_event"`
 	PGCPUPerEvent float64 `json:"pg_cpu_us_per_event"`
 	PeakRSSMB     float64 `json:"peak_rss_mb"`

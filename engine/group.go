@@ -33,7 +33,7 @@ func groupLockName(group string) string { return "group:" + group }
 func (g *group) hubConfig() groupConfig {
 	p := g.members[0]
 	return groupConfig{name: g.name, slot: g.cfg.GroupSlotName(g.name), sourceURL: g.cfg.Database.URL,
-		targetURL: g.cfg.TargetURL(), schema: g.cfg.Engine.Schema, src: p.source(),
+		targetURL: g.cfg.TargetURL(), schema: g.cfg.Engine.Schema, leaseTimeout: g.cfg.Engine.LeaseTimeout, src: p.source(),
 		opts: replication.StreamOptions{StatusInterval: g.cfg.Engine.StatusInterval, StallTimeout: g.cfg.Engine.StallTimeout,
 			Logger: g.log}}
 }
@@ -61,6 +61,11 @@ func (g *group) run(ctx context.Context) error {
 		membersDone := make(chan struct{})
 		hubDone := make(chan struct{})
 		go func() { defer close(hubDone); h.run(gctx, membersDone) }()
+		// The members' last watermark saves come after gctx ended: the
+		// saver serves until they are done.
+		svCtx, svCancel := context.WithCancel(context.WithoutCancel(ctx))
+		svDone := make(chan struct{})
+		go func() { defer close(svDone); h.saver.run(svCtx) }()
 		var wg sync.WaitGroup
 		for _, p := range g.members {
 			p.hub = h
@@ -73,6 +78,8 @@ func (g *group) run(ctx context.Context) error {
 			}()
 		}
 		wg.Wait()
+		svCancel()
+		<-svDone
 		close(membersDone)
 		cancel()
 		<-hubDone

@@ -34,11 +34,13 @@ import (
 type hub struct {
 	cfg     groupConfig
 	log     *slog.Logger
-	members int // configured members on this node
+	members int    // configured members on this node
+	saver   *saver // the members' watermark saves, together
 
 	mu        sync.Mutex
 	attached  map[string]*member   // by member key
 	held      map[string]event.LSN // in-group members not attached: their watermark holds the slot back
+	served    map[string]bool      // members this hub's streams ever served: they may have recorded a join
 	streaming bool                 // a stream runs: startLSN and lastBegun are valid
 	startLSN  event.LSN            // the stream delivers transactions committing at or after it
 	lastBegun event.LSN            // commit LSN of the stream's last transaction begun (0: none)
@@ -46,21 +48,22 @@ type hub struct {
 	demand    chan struct{}        // a member wants the stream (capacity 1)
 
 	// Used by the stream goroutine only.
-	tx   []*member     // members receiving the current transaction
-	cur  *event.Event  // the event being delivered
-	pend []*member     // members that have not yet taken cur
+	tx   []*member      // members receiving the current transaction
+	cur  *event.Event   // the event being delivered
+	pend []*member      // members that have not yet taken cur
 	conn *pgconn.PgConn // the replication connection of the last stream
 }
 
 // groupConfig is what the hub needs of the configuration.
 type groupConfig struct {
-	name      string
-	slot      string
-	sourceURL string
-	targetURL string
-	schema    string
-	src       replication.Source
-	opts      replication.StreamOptions
+	name         string
+	slot         string
+	sourceURL    string
+	targetURL    string
+	schema       string
+	leaseTimeout time.Duration
+	src          replication.Source
+	opts         replication.StreamOptions
 }
 
 // gatherWindow is how long a starting stream waits for the group's
@@ -68,6 +71,10 @@ type groupConfig struct {
 // decodes once for all of them instead of once and then again for each
 // member that came a moment late.
 const gatherWindow = 2 * time.Second
+
+// gatherGap ends the gathering early when no member attached for that
+// long: members that restart together attach within it.
+const gatherGap = 300 * time.Millisecond
 
 // memberQueue is how many messages (begin, event, commit, keepalive) wait
 // for one member. A member whose queue is full makes the hub wait: one
@@ -78,8 +85,8 @@ const memberQueue = 1024
 var errBehind = errors.New("the group's stream is past this position")
 
 func newHub(cfg groupConfig, members int, log *slog.Logger) *hub {
-	return &hub{cfg: cfg, log: log.With("group", cfg.name), members: members,
-		attached: map[string]*member{}, held: map[string]event.LSN{}, demand: make(chan struct{}, 1)}
+	return &hub{cfg: cfg, log: log.With("group", cfg.name), members: members, saver: newSaver(cfg.targetURL, cfg.leaseTimeout, log),
+		attached: map[string]*member{}, held: map[string]event.LSN{}, served: map[string]bool{}, demand: make(chan struct{}, 1)}
 }
 
 func memberKey(spec rules.Spec) string { return fmt.Sprintf("%s/%d", spec.Name, spec.Version) }
@@ -94,6 +101,10 @@ type member struct {
 	once sync.Once
 	err  error // why the hub detached it (set before done closes)
 	fed  chan error
+
+	ownSlot  string     // the member's own slot, "" when its watermark is on the group's
+	accepted bool       // the stream serves it (under hub.mu)
+	started  chan error // nil once the stream serves it, errBehind if it refused it
 }
 
 type msgKind uint8
@@ -161,33 +172,38 @@ func (m *member) feed(ctx context.Context) error {
 func (m *member) wait() error { return <-m.fed }
 
 // join attaches a session's sink from position from (it needs every
-// transaction committing at or after it). own says the session streams on
-// a slot of its own: then the stream must run and have begun nothing at or
-// after from. An in-group session (own false) may also attach before the
-// stream starts, which then starts at the group slot's confirmed position,
-// at or below every in-group member's watermark. It returns errBehind when
-// the member must catch up elsewhere first, and starts the feed on ctx.
-func (h *hub) join(ctx context.Context, spec rules.Spec, sink replication.Sink, from event.LSN, own bool) (*member, error) {
+// transaction committing at or after it). ownSlot is the session's own
+// slot when it streams (or would stream) from one, "" for a version whose
+// watermark is on the group's slot.
+//
+// While the group's stream runs, join takes the member only if the stream
+// started at or below from and has begun no transaction at or after it;
+// otherwise it returns errBehind. boundary says the caller streams its own
+// slot and asks at one of its transaction boundaries. Before the stream
+// runs, a member is taken provisionally: the stream starts at the group
+// slot's confirmed position (or, when there is no group slot and no
+// version is recorded on one, at a copy of the lowest provisional
+// member's own slot) and then takes or refuses (errBehind) each
+// provisional member by the same rule. started tells the member which.
+// The feed runs on ctx.
+func (h *hub) join(ctx context.Context, spec rules.Spec, sink replication.Sink, from event.LSN, ownSlot string, boundary bool) (*member, error) {
 	h.mu.Lock()
-	ok := false
-	switch {
-	case h.streaming:
-		ok = h.startLSN <= from && h.lastBegun < from
-	default:
-		ok = !own
-	}
-	if !ok {
+	if boundary && !h.streaming || h.streaming && !(h.startLSN <= from && h.lastBegun < from) {
 		h.mu.Unlock()
 		h.wake()
 		return nil, errBehind
 	}
-	m := &member{key: memberKey(spec), sink: sink, next: from, ch: make(chan hubMsg, memberQueue),
-		done: make(chan struct{}), fed: make(chan error, 1)}
+	m := &member{key: memberKey(spec), sink: sink, next: from, ownSlot: ownSlot, ch: make(chan hubMsg, memberQueue),
+		done: make(chan struct{}), fed: make(chan error, 1), started: make(chan error, 1)}
 	if old := h.attached[m.key]; old != nil {
 		old.detach(errors.New("replaced by a new session of the same version"))
 	}
 	h.attached[m.key] = m
-	delete(h.held, m.key)
+	if h.streaming {
+		m.accepted = true
+		h.served[m.key] = true
+		m.started <- nil
+	}
 	h.mu.Unlock()
 	h.wake()
 	go func() {
@@ -211,7 +227,7 @@ func (h *hub) detach(m *member) {
 	h.mu.Lock()
 	if h.attached[m.key] == m {
 		delete(h.attached, m.key)
-		if c := m.sink.Confirmable(); c > h.held[m.key] {
+		if c := m.sink.Confirmable(); m.accepted && c > h.held[m.key] {
 			h.held[m.key] = c
 		}
 	}
@@ -233,6 +249,7 @@ func (h *hub) hold(spec rules.Spec, lsn event.LSN) {
 func (h *hub) forget(spec rules.Spec) {
 	h.mu.Lock()
 	delete(h.held, memberKey(spec))
+	delete(h.served, memberKey(spec))
 	h.mu.Unlock()
 }
 
@@ -296,14 +313,21 @@ func (h *hub) run(ctx context.Context, membersDone <-chan struct{}) {
 	}
 }
 
-// gather waits up to gatherWindow for every configured member to attach.
+// gather waits for the configured members to attach: until all have, or
+// none came for gatherGap, or gatherWindow passed.
 func (h *hub) gather(ctx context.Context) {
 	deadline := time.Now().Add(gatherWindow)
+	last, seen := time.Now(), -1
 	for time.Now().Before(deadline) {
 		h.mu.Lock()
 		n := len(h.attached)
 		h.mu.Unlock()
 		if n >= h.members {
+			return
+		}
+		if n != seen {
+			last, seen = time.Now(), n
+		} else if time.Since(last) >= gatherGap {
 			return
 		}
 		select {
@@ -319,7 +343,11 @@ func (h *hub) gather(ctx context.Context) {
 func (h *hub) failAll(err error) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	for _, m := range h.attached {
+	for k, m := range h.attached {
+		if c := m.sink.Confirmable(); m.accepted && c > h.held[k] {
+			h.held[k] = c
+		}
+		delete(h.attached, k)
 		m.detach(err)
 	}
 }
@@ -407,15 +435,37 @@ func (h *hub) stream(ctx context.Context) error {
 	h.conn = conn
 	start := info.Confirmed
 	h.mu.Lock()
+	// Every version recorded on the slot, and every one this hub served
+	// (its record may be on the way): none may lose the slot.
 	inGroup := len(h.held)
+	for k := range h.served {
+		if _, held := h.held[k]; !held {
+			inGroup++
+		}
+	}
+	var lowest *member // the provisional member from a slot of its own with the lowest position
 	for _, m := range h.attached {
-		if !info.Exists || info.Lost() || m.next < start {
-			m.detach(atSlot(errGroupSlotLost))
+		switch {
+		case m.ownSlot == "":
+			inGroup++
+		case lowest == nil || m.next < lowest.next:
+			lowest = m
 		}
 	}
 	h.mu.Unlock()
+	if info.Exists && !info.Lost() && inGroup == 0 && lowest != nil && info.Confirmed != lowest.next {
+		// No version is recorded on the slot (all were reset, retired or
+		// moved, or crashed before recording the join): start it afresh
+		// where the members are, so that they all join now, rather than
+		// decode WAL kept for nobody or catch up alone.
+		if err := replication.DropSlot(ctx, srcConn, h.cfg.slot); err != nil {
+			return atSource(err)
+		}
+		info = replication.SlotInfo{}
+	}
 	if !info.Exists || info.Lost() {
 		if inGroup > 0 {
+			h.refuse(start, true)
 			return atSlot(fmt.Errorf("%w (slot %s) while %d versions are recorded on it: they resync", errGroupSlotLost, h.cfg.slot, inGroup))
 		}
 		if info.Lost() {
@@ -423,14 +473,24 @@ func (h *hub) stream(ctx context.Context) error {
 				return atSource(err)
 			}
 		}
-		if start, err = replication.CreateSlotAt(ctx, conn, h.cfg.slot); err != nil {
-			return atSource(err)
+		if lowest != nil {
+			// Start where the lowest member's own slot is: every
+			// provisional member joins now, none catches up alone.
+			if start, err = replication.CopySlot(ctx, srcConn, lowest.ownSlot, h.cfg.slot); err != nil {
+				return atSource(err)
+			}
+			h.log.Info("created the group's slot as a copy of a member's", "slot", h.cfg.slot, "from_slot", lowest.ownSlot, "confirmed_lsn", start.String())
+		} else {
+			if start, err = replication.CreateSlotAt(ctx, conn, h.cfg.slot); err != nil {
+				return atSource(err)
+			}
+			h.log.Info("created the group's slot", "slot", h.cfg.slot, "consistent_lsn", start.String())
 		}
-		h.log.Info("created the group's slot", "slot", h.cfg.slot, "consistent_lsn", start.String())
 	}
 	h.mu.Lock()
 	h.streaming, h.startLSN, h.lastBegun, h.sent = true, start, 0, start
 	h.mu.Unlock()
+	h.refuse(start, false)
 	defer func() {
 		h.mu.Lock()
 		h.streaming = false
@@ -459,6 +519,36 @@ func (h *hub) stream(ctx context.Context) error {
 	defer func() { cancel(); <-refresh }()
 	err = replication.Stream(sctx, conn, src, (*hubSink)(h), h.cfg.opts)
 	return sourceHalt(atSlot(err))
+}
+
+// refuse settles the provisional members as a stream starts at start:
+// those at or above it are served; below it, a member from a slot of its
+// own is refused (it catches up there and joins later), and one whose
+// watermark is on the group's slot, or every member when all is set, is
+// detached: the slot cannot serve it.
+func (h *hub) refuse(start event.LSN, all bool) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	for k, m := range h.attached {
+		if m.accepted {
+			continue
+		}
+		var why error
+		switch {
+		case !all && m.next >= start:
+			m.accepted = true
+			h.served[m.key] = true
+			m.started <- nil
+			continue
+		case m.ownSlot != "":
+			why = errBehind
+		default:
+			why = atSlot(errGroupSlotLost)
+		}
+		m.started <- why
+		delete(h.attached, k)
+		m.detach(why)
+	}
 }
 
 // hubSink is the hub as the stream's sink: it fans each transaction out.
@@ -544,15 +634,16 @@ func (s *hubSink) AdvanceIdle(walEnd event.LSN) {
 // from there.
 type joinSink struct {
 	*ledgerSink
-	hub    *hub
-	ctx    context.Context // the session's: the member's feed runs on it
-	spec   rules.Spec
-	cancel context.CancelFunc
-	from   event.LSN // transactions committing below it were applied before
-	at     event.LSN // the own stream delivered every transaction below it
-	skip   bool      // the current transaction commits below from
-	m      *member   // set once joined
-	next   time.Time // when to try again
+	hub     *hub
+	ctx     context.Context // the session's: the member's feed runs on it
+	spec    rules.Spec
+	ownSlot string
+	cancel  context.CancelFunc
+	from    event.LSN // transactions committing below it were applied before
+	at      event.LSN // the own stream delivered every transaction below it
+	skip    bool      // the current transaction commits below from
+	m       *member   // set once joined
+	next    time.Time // when to try again
 }
 
 func (j *joinSink) try() bool {
@@ -562,7 +653,7 @@ func (j *joinSink) try() bool {
 	if time.Now().Before(j.next) {
 		return false
 	}
-	m, err := j.hub.join(j.ctx, j.spec, j.ledgerSink, max(j.at, j.from), true)
+	m, err := j.hub.join(j.ctx, j.spec, j.ledgerSink, max(j.at, j.from), j.ownSlot, true)
 	if err != nil {
 		j.next = time.Now().Add(10 * time.Millisecond)
 		return false

@@ -17,7 +17,8 @@ func (p *Projection) newProbe() *lag.Probe {
 		Schema:     p.cfg.Engine.Schema,
 		Projection: p.spec.Name,
 		Version:    p.spec.Version,
-		Slot:       p.probeSlot(),
+		Slot:       p.slot,
+		SlotOf:     p.probeSlot,
 		Table:      p.cfg.Source.Table,
 		Position:   p.cfg.Source.Columns.Position,
 		// The first probe of a process counts the whole events table

@@ -31,6 +31,9 @@ type ledger struct {
 	log     *slog.Logger
 	// fenced runs the statements in one fenced transaction.
 	fenced func(ctx context.Context, stmts ...statement) error
+	// publishVia runs publish's saves (fenced likewise); fenced when nil.
+	// A group's members share one (saver).
+	publishVia func(ctx context.Context, stmts ...statement) error
 
 	moved chan struct{} // the watermark moved or a measurement came (capacity 1)
 	mu    sync.Mutex
@@ -191,7 +194,11 @@ func (l *ledger) save(ctx context.Context, m *lag.Reading, at time.Time) (event.
 		// last few saves in a server crash loses no guarantee, and the
 		// saves do not each wait for a WAL flush. The stored LSN never
 		// moves backwards (SaveWatermark keeps the greater).
-		err = l.fenced(ctx, statement{sql: "SET LOCAL synchronous_commit = off"}, statement{sql: sql, args: args})
+		via := l.fenced
+		if l.publishVia != nil {
+			via = l.publishVia
+		}
+		err = via(ctx, statement{sql: "SET LOCAL synchronous_commit = off"}, statement{sql: sql, args: args})
 	}
 	if err != nil {
 		if ctx.Err() == nil {

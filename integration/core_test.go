@@ -72,8 +72,9 @@ func TestBackfillThenLive(t *testing.T) {
 
 // TestTwoProjectionsExact runs two projections over the same events, the
 // second added while the first is live: one resumes from its slot while
-// the other backfills into its own, writers appending all along. Both end
-// exact, each in its own slot.
+// the other backfills into its own, writers appending all along; then both
+// join their group's shared slot. Both end exact, both on the group's
+// slot, and neither own slot is left.
 func TestTwoProjectionsExact(t *testing.T) {
 	bal, stats := balancesProjection(), streamStatsProjection()
 	r := newRig(t, []coreProjection{bal}, nil)
@@ -105,10 +106,21 @@ func TestTwoProjectionsExact(t *testing.T) {
 
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
+	group := r.prefix + "_group_default"
 	for _, p := range []coreProjection{bal, stats} {
-		if _, ok, err := r.slotState(ctx, p); err != nil || !ok {
-			t.Errorf("slot %s: exists=%t, err=%v", r.slot(p), ok, err)
+		if _, ok, err := r.slotConfirmed(ctx, r.slot(p)); err != nil || ok {
+			t.Errorf("own slot %s: exists=%t, err=%v; want it dropped after the join", r.slot(p), ok, err)
 		}
+		var on string
+		if err := r.pool.QueryRow(ctx, `SELECT slot_name FROM pgscribe.watermarks WHERE projection = $1 AND version = $2`,
+			p.name, p.version).Scan(&on); err != nil || on != group {
+			t.Errorf("%s: watermark on slot %q (err %v), want the group's %q", p.name, on, err, group)
+		}
+	}
+	var slots []string
+	if err := r.pool.QueryRow(ctx, `SELECT coalesce(array_agg(slot_name::text ORDER BY slot_name), '{}') FROM pg_replication_slots WHERE slot_name LIKE $1 || '%'`,
+		r.prefix).Scan(&slots); err != nil || len(slots) != 1 || slots[0] != group {
+		t.Errorf("slots of the run: %v (err %v), want only the group's %s", slots, err, group)
 	}
 	s.terminate(time.Minute)
 }

@@ -227,8 +227,10 @@ func (e *rbEnv) phase(version int) string {
 // waitCaughtUp waits until the version accounts for every event.
 func (e *rbEnv) waitCaughtUp(version int, timeout time.Duration) {
 	e.t.Helper()
-	waitFor(e.t, timeout, fmt.Sprintf("balances v%d to account for every event", version), func() bool {
-		return e.phase(version) == "live" && e.accounted(version) == e.scalar("SELECT count(*) FROM events")
+	waitFor(e.t, timeout, fmt.Sprintf("balances v%d to account for every event and stream", version), func() bool {
+		return e.phase(version) == "live" && e.accounted(version) == e.scalar("SELECT count(*) FROM events") &&
+			e.scalar(`SELECT count(*) FROM pg_replication_slots s JOIN pgscribe.watermarks w ON w.slot_name = s.slot_name
+  WHERE w.projection = 'balances' AND w.version = `+fmt.Sprint(version)+` AND s.active`) == 1
 	})
 }
 

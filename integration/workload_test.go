@@ -486,14 +486,29 @@ func (r *rig) outOfOrderCommits(ctx context.Context) int64 {
 	WHERE committed < lower_committed`)
 }
 
-// slotState returns the confirmed_flush_lsn of the slot p streams from and
-// whether it exists: the slot its watermark is recorded on (its group's,
-// once it joined a group of two or more), else its own.
+// slotState returns the confirmed_flush_lsn of the slot p streams from
+// (its group's when its watermark is there, else its own) and whether it
+// exists.
 func (r *rig) slotState(ctx context.Context, p coreProjection) (confirmed pglogrepl.LSN, exists bool, err error) {
+	slot := r.slot(p)
+	var on *string
+	err = r.pool.QueryRow(ctx, `SELECT (SELECT slot_name FROM pgscribe.watermarks WHERE projection = $1 AND version = $2)`,
+		p.name, p.version).Scan(&on)
+	if err != nil {
+		return 0, false, err
+	}
+	if on != nil && *on == r.prefix+"_group_default" {
+		slot = *on
+	}
+	return r.slotConfirmed(ctx, slot)
+}
+
+// slotConfirmed returns the confirmed_flush_lsn of slot and whether it
+// exists.
+func (r *rig) slotConfirmed(ctx context.Context, slot string) (confirmed pglogrepl.LSN, exists bool, err error) {
 	var s *string
-	err = r.pool.QueryRow(ctx, `SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = coalesce(
-		(SELECT slot_name FROM pgscribe.watermarks WHERE projection = $2 AND version = $3), $1)`,
-		r.slot(p), p.name, p.version).Scan(&s)
+	err = r.pool.QueryRow(ctx, `SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = $1`,
+		slot).Scan(&s)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return 0, false, nil
 	}

@@ -31,8 +31,11 @@ type ProbeConfig struct {
 	Projection string
 	Version    int64
 	Slot       string
-	Table      string // events table, may be schema-qualified
-	Position   string // position column
+	// SlotOf, when set, names the slot at each measurement instead (a
+	// version that joins its group moves to the group's slot).
+	SlotOf   func() string
+	Table    string // events table, may be schema-qualified
+	Position string // position column
 	// Timeout bounds one measurement; default 30s.
 	Timeout time.Duration
 	Logger  *slog.Logger
@@ -223,7 +226,11 @@ func (p *Probe) read(ctx context.Context, st *probeState, local *Local) (DBView,
 		s                  tailSample
 	)
 	sent := time.Now()
-	err = q.QueryRow(ctx, p.srcQuery, p.cfg.Slot, floor, cand).Scan(&wal, &serverNow, &db.CommitTS, &xmin, &xmax,
+	slot := p.cfg.Slot
+	if p.cfg.SlotOf != nil {
+		slot = p.cfg.SlotOf()
+	}
+	err = q.QueryRow(ctx, p.srcQuery, slot, floor, cand).Scan(&wal, &serverNow, &db.CommitTS, &xmin, &xmax,
 		&maxPos, &s.above, &s.upToCand, &confirmed, &restart)
 	if err != nil {
 		return DBView{}, fmt.Errorf("lag probe: read source: %w", err)

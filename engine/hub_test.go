@@ -1,0 +1,259 @@
+package engine
+
+import (
+	"context"
+	"log/slog"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/pgscribe/pgscribe/event"
+	"github.com/pgscribe/pgscribe/rules"
+)
+
+// recSink records what a member's ledger would see.
+type recSink struct {
+	mu      sync.Mutex
+	txns    []event.LSN // commit LSN of each transaction begun
+	events  []int64     // positions taken
+	ends    []event.LSN
+	idle    []event.LSN
+	confirm event.LSN
+	block   chan struct{} // when set, Event waits for it (a slow member)
+}
+
+func (r *recSink) Begin(c event.LSN, _ time.Time) uint64 {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.txns = append(r.txns, c)
+	return uint64(len(r.txns))
+}
+
+func (r *recSink) Event(ctx context.Context, _ uint64, ev *event.Event) error {
+	if r.block != nil {
+		select {
+		case <-r.block:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.events = append(r.events, ev.Position)
+	return nil
+}
+
+func (r *recSink) Commit(_ uint64, end event.LSN) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.ends = append(r.ends, end)
+	r.confirm = end
+}
+
+func (r *recSink) Confirmable() event.LSN {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.confirm
+}
+
+func (r *recSink) AdvanceIdle(w event.LSN) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.idle = append(r.idle, w)
+}
+
+func (r *recSink) snapshot() (txns []event.LSN, events []int64) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return slices.Clone(r.txns), slices.Clone(r.events)
+}
+
+func testHub(members int) *hub {
+	return newHub(groupConfig{name: "g", slot: "s"}, members, slog.New(slog.DiscardHandler))
+}
+
+// streaming marks the hub's stream as started at start, as hub.stream
+// does once the slot is open.
+func (h *hub) startedAt(start event.LSN) {
+	h.mu.Lock()
+	h.streaming, h.startLSN, h.sent = true, start, start
+	h.mu.Unlock()
+	h.refuse(start, false)
+}
+
+// txn feeds one transaction of events (positions) committing at c and
+// ending at c+1 through the hub's sink.
+func txn(t *testing.T, h *hub, c event.LSN, positions ...int64) {
+	t.Helper()
+	s := (*hubSink)(h)
+	s.Begin(c, time.Time{})
+	for _, p := range positions {
+		if err := s.Event(context.Background(), 0, &event.Event{Position: p}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	s.Commit(0, c+1)
+}
+
+func eventually(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+func spec(name string) rules.Spec { return rules.Spec{Name: name, Version: 1} }
+
+// A member gets exactly the transactions committing at or after its
+// position, each once, in order; a member that joins at a boundary gets
+// only what follows.
+func TestHubDeliversFromEachMembersPosition(t *testing.T) {
+	h := testHub(2)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	a, b := &recSink{}, &recSink{}
+	if _, err := h.join(ctx, spec("a"), a, 100, "", false); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := h.join(ctx, spec("b"), b, 300, "", false); err != nil {
+		t.Fatal(err)
+	}
+	h.startedAt(100)
+	txn(t, h, 100, 1, 2)
+	txn(t, h, 200, 3)
+	txn(t, h, 300, 4, 5)
+	// c joins from its own slot at a boundary: its own stream delivered
+	// everything below 400.
+	c := &recSink{}
+	if _, err := h.join(ctx, spec("c"), c, 400, "pgscribe_c_v1", true); err != nil {
+		t.Fatalf("join at a boundary past every begun transaction: %v", err)
+	}
+	txn(t, h, 400, 6)
+
+	wantTx := map[string][]event.LSN{"a": {100, 200, 300, 400}, "b": {300, 400}, "c": {400}}
+	wantEv := map[string][]int64{"a": {1, 2, 3, 4, 5, 6}, "b": {4, 5, 6}, "c": {6}}
+	for name, s := range map[string]*recSink{"a": a, "b": b, "c": c} {
+		eventually(t, name+"'s last event", func() bool { _, ev := s.snapshot(); return len(ev) == len(wantEv[name]) })
+		tx, ev := s.snapshot()
+		if !slices.Equal(tx, wantTx[name]) || !slices.Equal(ev, wantEv[name]) {
+			t.Errorf("%s got transactions %v events %v, want %v %v", name, tx, ev, wantTx[name], wantEv[name])
+		}
+	}
+}
+
+// A join from a slot of its own is refused while the stream has begun a
+// transaction at or after the member's position (it would miss or repeat
+// it), and before the stream runs at all.
+func TestHubRefusesAJoinThatWouldMissOrRepeat(t *testing.T) {
+	h := testHub(1)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	if _, err := h.join(ctx, spec("x"), &recSink{}, 500, "own", true); err != errBehind {
+		t.Fatalf("boundary join before the stream runs: %v, want errBehind", err)
+	}
+	h.startedAt(600)
+	if _, err := h.join(ctx, spec("x"), &recSink{}, 500, "own", true); err != errBehind {
+		t.Fatalf("join below the stream's start: %v, want errBehind", err)
+	}
+	txn(t, h, 700, 1)
+	if _, err := h.join(ctx, spec("x"), &recSink{}, 700, "own", true); err != errBehind {
+		t.Fatalf("join at a begun transaction's commit: %v, want errBehind", err)
+	}
+	if _, err := h.join(ctx, spec("x"), &recSink{}, 701, "own", true); err != nil {
+		t.Fatalf("join past every begun transaction: %v", err)
+	}
+}
+
+// Provisional members below where the stream starts are refused (from a
+// slot of their own) or told the slot cannot serve them (on the group's).
+func TestHubStartSettlesProvisionalMembers(t *testing.T) {
+	h := testHub(3)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	low, lowGroup, high := &recSink{}, &recSink{}, &recSink{}
+	mLow, _ := h.join(ctx, spec("low"), low, 100, "own_low", false)
+	mLowGroup, _ := h.join(ctx, spec("lowgroup"), lowGroup, 100, "", false)
+	mHigh, _ := h.join(ctx, spec("high"), high, 300, "own_high", false)
+	h.startedAt(200)
+	if err := <-mLow.started; err != errBehind {
+		t.Errorf("own-slot member below the start: %v, want errBehind", err)
+	}
+	if err := <-mLowGroup.started; err == nil || err == errBehind {
+		t.Errorf("group member below the start: %v, want the slot-lost error", err)
+	}
+	if err := <-mHigh.started; err != nil {
+		t.Errorf("member above the start: %v, want served", err)
+	}
+}
+
+// The slot is confirmed to the lowest of the attached members and the
+// recorded watermarks of those not attached; a member that leaves the
+// group no longer holds it.
+func TestHubConfirmsTheLowestWatermark(t *testing.T) {
+	h := testHub(2)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	a := &recSink{confirm: 500}
+	if _, err := h.join(ctx, spec("a"), a, 500, "", false); err != nil {
+		t.Fatal(err)
+	}
+	h.startedAt(400)
+	h.hold(spec("paused"), 450)
+	if got := h.confirmable(); got != 450 {
+		t.Fatalf("confirmable %s, want the paused member's 450", got)
+	}
+	h.forget(spec("paused"))
+	if got := h.confirmable(); got != 500 {
+		t.Fatalf("confirmable %s after the paused member left, want 500", got)
+	}
+}
+
+// A slow member makes the stream wait (bounded queue), never drops or
+// repeats: an Event cut short by the stream's deadline is offered again
+// only to the members that had not taken it.
+func TestHubSlowMemberBackpressureWithoutRepeats(t *testing.T) {
+	h := testHub(2)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	fast, slow := &recSink{}, &recSink{block: make(chan struct{})}
+	h.join(ctx, spec("fast"), fast, 0, "", false)
+	h.join(ctx, spec("slow"), slow, 0, "", false)
+	h.startedAt(0)
+	s := (*hubSink)(h)
+	s.Begin(10, time.Time{})
+	n := memberQueue + 10
+	released := false
+	for p := 1; p <= n; p++ {
+		ev := &event.Event{Position: int64(p)}
+		for {
+			dctx, dcancel := context.WithTimeout(context.Background(), 5*time.Millisecond)
+			err := s.Event(dctx, 0, ev)
+			dcancel()
+			if err == nil {
+				break
+			}
+			if p < memberQueue {
+				t.Fatalf("event %d refused with the queue not full: %v", p, err)
+			}
+			if !released {
+				close(slow.block) // the slow member catches up
+				released = true
+			}
+		}
+	}
+	s.Commit(0, 11)
+	for name, r := range map[string]*recSink{"fast": fast, "slow": slow} {
+		eventually(t, name+" to take every event", func() bool { _, ev := r.snapshot(); return len(ev) == n })
+		_, ev := r.snapshot()
+		for i, p := range ev {
+			if p != int64(i+1) {
+				t.Fatalf("%s: event %d is position %d: repeated or out of order", name, i, p)
+			}
+		}
+	}
+}
