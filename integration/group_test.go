@@ -721,10 +721,10 @@ func TestGroupStatus(t *testing.T) {
 // activity alone in its group: it continues on a copy of the group's slot
 // (its own slot, as a version alone runs), exact under writers, while
 // stream_stats's recorded watermark keeps the group's slot. Once
-// stream_stats is reset (its watermark gone, "how its slot stops retaining
-// WAL"), no version is recorded on the group's slot: after a restart it
-// must not be left retaining WAL unseen — dropped, or at least listed by
-// `pgscribe status` among the slots no configured version uses.
+// stream_stats is retired (`pgscribe retire`, its watermark gone), no
+// version is recorded on the group's slot: it must not be left retaining
+// WAL unseen — dropped, or at least listed by `pgscribe status` among the
+// slots no configured version uses.
 func TestGroupShrinkToOne(t *testing.T) {
 	act, stats := activityProjection(), streamStatsProjection()
 	r := newRig(t, []coreProjection{act, stats}, nil)
@@ -763,9 +763,11 @@ func TestGroupShrinkToOne(t *testing.T) {
 	}
 
 	s.terminate(time.Minute)
-	if res := runCLI(t, pgscribeBinary(t), "reset", "-config", r.config, "-projection", stats.name, "-version", fmt.Sprint(stats.version), "-yes", "-dead-letters"); res.code != 0 {
-		t.Fatalf("reset %s: %s", stats.name, res)
+	res := runCLI(t, pgscribeBinary(t), "retire", "-config", r.config, "-projection", stats.name, "-version", fmt.Sprint(stats.version))
+	if res.code != 0 {
+		t.Fatalf("retire %s: %s", stats.name, res)
 	}
+	t.Logf("retire: %s", res.stdout)
 	s = r.start()
 	r.waitStreaming(s, 3*time.Minute)
 	r.bulk("late-", 50, 4)
@@ -777,7 +779,7 @@ func TestGroupShrinkToOne(t *testing.T) {
 	}) {
 		return
 	}
-	res := runCLI(t, pgscribeBinary(t), "status", "-config", r.config, "-json")
+	res = runCLI(t, pgscribeBinary(t), "status", "-config", r.config, "-json")
 	var rep struct {
 		Unconfigured []struct {
 			Slot string `json:"slot"`
