@@ -45,6 +45,7 @@ type hub struct {
 	startLSN  event.LSN            // the stream delivers transactions committing at or after it
 	lastBegun event.LSN            // commit LSN of the stream's last transaction begun (0: none)
 	sent      event.LSN            // the stream sent every transaction below it
+	confirmed event.LSN            // the highest position the slot may be confirmed to (what streams sent, or found)
 	demand    chan struct{}        // a member wants the stream (capacity 1)
 
 	// Used by the stream goroutine only.
@@ -188,7 +189,11 @@ func (m *member) wait() error { return <-m.fed }
 // The feed runs on ctx.
 func (h *hub) join(ctx context.Context, spec rules.Spec, sink replication.Sink, from event.LSN, ownSlot string, boundary bool) (*member, error) {
 	h.mu.Lock()
-	if boundary && !h.streaming || h.streaming && !(h.startLSN <= from && h.lastBegun < from) {
+	// The slot may already be confirmed past what the member has made
+	// durable (its batches in flight): joining then would let a crash lose
+	// them, since a restart resumes from the slot's confirmed position.
+	durable := sink.Confirmable()
+	if boundary && !h.streaming || h.streaming && !(h.startLSN <= from && h.lastBegun < from && durable >= h.confirmed) {
 		h.mu.Unlock()
 		h.wake()
 		return nil, errBehind
@@ -286,7 +291,7 @@ func (h *hub) run(ctx context.Context, membersDone <-chan struct{}) {
 			if err := h.refreshHeld(context.WithoutCancel(ctx)); err != nil {
 				h.log.Warn("read the members' watermarks", "err", err)
 			}
-			if lsn := h.confirmable(); lsn > 0 {
+			if lsn := (*hubSink)(h).Confirmable(); lsn > 0 {
 				_ = replication.Confirm(context.WithoutCancel(ctx), h.conn, lsn)
 			}
 			h.conn.Close(context.WithoutCancel(ctx))
@@ -489,6 +494,7 @@ func (h *hub) stream(ctx context.Context) error {
 	}
 	h.mu.Lock()
 	h.streaming, h.startLSN, h.lastBegun, h.sent = true, start, 0, start
+	h.confirmed = max(h.confirmed, info.Confirmed, start)
 	h.mu.Unlock()
 	h.refuse(start, false)
 	defer func() {
@@ -606,7 +612,16 @@ func (s *hubSink) Commit(_ uint64, end event.LSN) {
 	h.tx = h.tx[:0]
 }
 
-func (s *hubSink) Confirmable() event.LSN { return (*hub)(s).confirmable() }
+// Confirmable is what the stream confirms to the server: the slot's
+// confirmed position is never above the highest value it returned.
+func (s *hubSink) Confirmable() event.LSN {
+	h := (*hub)(s)
+	c := h.confirmable()
+	h.mu.Lock()
+	h.confirmed = max(h.confirmed, c)
+	h.mu.Unlock()
+	return c
+}
 
 func (s *hubSink) AdvanceIdle(walEnd event.LSN) {
 	h := (*hub)(s)

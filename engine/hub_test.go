@@ -257,3 +257,25 @@ func TestHubSlowMemberBackpressureWithoutRepeats(t *testing.T) {
 		}
 	}
 }
+
+// A member whose own batches are still in flight below what the slot may
+// already be confirmed to is not taken: a crash would resume it from the
+// slot's confirmed position and lose them.
+func TestHubRefusesAJoinWithWorkBelowTheConfirmedPosition(t *testing.T) {
+	h := testHub(2)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	if _, err := h.join(ctx, spec("a"), &recSink{confirm: 800}, 600, "", false); err != nil {
+		t.Fatal(err)
+	}
+	h.startedAt(600)
+	if got := (*hubSink)(h).Confirmable(); got != 800 {
+		t.Fatalf("confirmable %s, want 800", got)
+	}
+	if _, err := h.join(ctx, spec("b"), &recSink{confirm: 700}, 801, "own", true); err != errBehind {
+		t.Fatalf("join with work in flight below the confirmed 800: %v, want errBehind", err)
+	}
+	if _, err := h.join(ctx, spec("b"), &recSink{confirm: 800}, 801, "own", true); err != nil {
+		t.Fatalf("join with everything below 800 durable: %v", err)
+	}
+}
