@@ -74,5 +74,9 @@
 // leases, fencing), the metrics tests' mtConfig, cliEnv (cli_test.go:
 // runCLI, status and dead-letter JSON contracts), rbEnv (rebuild_test.go:
 // versions side by side, promote, retire, adoption) and wtEnv
-// (wait_test.go: read-your-writes).
+// (wait_test.go: read-your-writes); the group tests (group_test.go:
+// requireOnGroupSlot — the group's slot alone, every member's watermark on
+// it, one walsender; groupNotAhead — guarantee 7 on the slot each member
+// is recorded on; detachedHolds — a paused or halted member holds the
+// group slot's confirmation back).
 package integration
