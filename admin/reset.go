@@ -105,8 +105,13 @@ func Reset(ctx context.Context, cfg *config.Config, o ResetOptions, w io.Writer)
 				return fmt.Errorf("reset %s v%d: cursors and watermark deleted, but: %w (run reset again)", o.Projection, o.Version, err)
 			}
 		}
-		_, err = fmt.Fprint(w, plan.text(true, o.DeadLetters))
-		return err
+		if _, err = fmt.Fprint(w, plan.text(true, o.DeadLetters)); err != nil {
+			return err
+		}
+		if err := dropUnusedGroupSlot(ctx, cfg, c, schema, groupOf(cfg, o.Projection, o.Version), w); err != nil {
+			return fmt.Errorf("reset %s v%d: cursors and watermark deleted, but: %w (run reset again)", o.Projection, o.Version, err)
+		}
+		return nil
 	})
 }
 

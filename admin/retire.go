@@ -109,20 +109,8 @@ func Retire(ctx context.Context, cfg *config.Config, o RetireOptions, w io.Write
 				return fail(fmt.Errorf("state deleted, but: %w (run retire again)", err))
 			}
 		}
-		// A group's slot that no version is recorded on any more goes too.
-		groupSlot := cfg.GroupSlotName(rules.Spec{Name: o.Projection, Version: o.Version, Group: groupOf(cfg, o)}.GroupName())
-		var onGroup int
-		if err := c.target.QueryRow(ctx, "SELECT count(*) FROM "+pgx.Identifier{schema, "watermarks"}.Sanitize()+
-			" WHERE slot_name = $1", groupSlot).Scan(&onGroup); err != nil {
-			return fail(err)
-		}
-		if onGroup == 0 {
-			if info, err := replication.InspectSlot(ctx, c.source, groupSlot); err == nil && info.Exists {
-				if err := replication.DropSlot(ctx, c.source, groupSlot); err != nil {
-					return fail(fmt.Errorf("state deleted, but: %w (run retire again)", err))
-				}
-				fmt.Fprintf(w, "  dropped the group's replication slot %q (no version streams from it)\n", groupSlot)
-			}
+		if err := dropUnusedGroupSlot(ctx, cfg, c, schema, groupOf(cfg, o.Projection, o.Version), w); err != nil {
+			return fail(fmt.Errorf("state deleted, but: %w (run retire again)", err))
 		}
 
 		fmt.Fprintf(w, "retired %s v%d:\n", o.Projection, o.Version)
@@ -207,13 +195,37 @@ func loadServed(ctx context.Context, q event.Querier, schema string) (map[string
 	return out, nil
 }
 
-// groupOf is the configured group of the version o names ("" when it is
-// not configured any more: the default group).
-func groupOf(cfg *config.Config, o RetireOptions) string {
+// groupOf is the configured group of a version ("" when it is not
+// configured any more: the default group).
+func groupOf(cfg *config.Config, projection string, version int64) string {
 	for _, s := range cfg.Projections {
-		if s.Name == o.Projection && s.Version == o.Version {
+		if s.Name == projection && s.Version == version {
 			return s.Group
 		}
 	}
 	return ""
+}
+
+// dropUnusedGroupSlot drops the slot of group once no version's
+// watermark is recorded on it (the last one was reset or retired): it
+// would keep WAL for nobody.
+func dropUnusedGroupSlot(ctx context.Context, cfg *config.Config, c *conns, schema, group string, w io.Writer) error {
+	slot := cfg.GroupSlotName(rules.Spec{Group: group}.GroupName())
+	var on int
+	if err := c.target.QueryRow(ctx, "SELECT count(*) FROM "+pgx.Identifier{schema, "watermarks"}.Sanitize()+
+		" WHERE slot_name = $1", slot).Scan(&on); err != nil {
+		return err
+	}
+	if on > 0 {
+		return nil
+	}
+	info, err := replication.InspectSlot(ctx, c.source, slot)
+	if err != nil || !info.Exists {
+		return err
+	}
+	if err := replication.DropSlot(ctx, c.source, slot); err != nil {
+		return err
+	}
+	_, err = fmt.Fprintf(w, "  dropped the group's replication slot %q (no version streams from it)\n", slot)
+	return err
 }

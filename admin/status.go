@@ -76,6 +76,7 @@ type UnconfiguredSlot struct {
 	Slot             string `json:"slot"`
 	Projection       string `json:"projection"`
 	Version          int64  `json:"version"`
+	Group            string `json:"group,omitempty"` // a group's slot, when Projection is empty
 	ActivePID        int32  `json:"active_pid,omitempty"`
 	WALRetainedBytes *int64 `json:"wal_retained_bytes"`
 }
@@ -446,6 +447,10 @@ WHERE database = current_database() AND NOT (slot_name = ANY($1)) ORDER BY slot_
 		if proj, v, ok := parseSlotName(prefix, n); ok {
 			out = append(out, UnconfiguredSlot{Slot: n, Projection: proj, Version: v})
 			found = append(found, n)
+		} else if strings.HasPrefix(n, prefix+"_group_") {
+			// A group slot no configured version streams from.
+			out = append(out, UnconfiguredSlot{Slot: n, Group: strings.TrimPrefix(n, prefix+"_group_")})
+			found = append(found, n)
 		}
 	}
 	if len(found) == 0 {
@@ -634,8 +639,15 @@ func (r *StatusReport) WriteText(w io.Writer) error {
 		}
 	}
 	for _, u := range r.Unconfigured {
-		if _, err := fmt.Fprintf(w, "slot %q of %s v%d, which is not configured, retains %s of WAL: pgscribe reset -projection %s -version %d drops it\n",
-			u.Slot, u.Projection, u.Version, formatBytesPtr(u.WALRetainedBytes), u.Projection, u.Version); err != nil {
+		var err error
+		if u.Group != "" {
+			_, err = fmt.Fprintf(w, "slot %q of group %s, which no configured version streams from, retains %s of WAL: retire or reset the versions recorded on it (the last one drops it), or drop it with pg_drop_replication_slot\n",
+				u.Slot, u.Group, formatBytesPtr(u.WALRetainedBytes))
+		} else {
+			_, err = fmt.Fprintf(w, "slot %q of %s v%d, which is not configured, retains %s of WAL: pgscribe reset -projection %s -version %d drops it\n",
+				u.Slot, u.Projection, u.Version, formatBytesPtr(u.WALRetainedBytes), u.Projection, u.Version)
+		}
+		if err != nil {
 			return err
 		}
 	}
