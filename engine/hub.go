@@ -41,6 +41,7 @@ type hub struct {
 	attached  map[string]*member   // by member key
 	held      map[string]event.LSN // in-group members not attached: their watermark holds the slot back
 	served    map[string]bool      // members this hub's streams ever served: they may have recorded a join
+	waiting   map[string]time.Time // members on a slot of their own asking to join, since when
 	streaming bool                 // a stream runs: startLSN and lastBegun are valid
 	startLSN  event.LSN            // the stream delivers transactions committing at or after it
 	lastBegun event.LSN            // commit LSN of the stream's last transaction begun (0: none)
@@ -49,10 +50,11 @@ type hub struct {
 	demand    chan struct{}        // a member wants the stream (capacity 1)
 
 	// Used by the stream goroutine only.
-	tx   []*member      // members receiving the current transaction
-	cur  *event.Event   // the event being delivered
-	pend []*member      // members that have not yet taken cur
-	conn *pgconn.PgConn // the replication connection of the last stream
+	tx        []*member       // members receiving the current transaction
+	cur       *event.Event    // the event being delivered
+	pend      []*member       // members that have not yet taken cur
+	conn      *pgconn.PgConn  // the replication connection of the last stream
+	streamCtx context.Context // the current stream's
 }
 
 // groupConfig is what the hub needs of the configuration.
@@ -87,7 +89,7 @@ var errBehind = errors.New("the group's stream is past this position")
 
 func newHub(cfg groupConfig, members int, log *slog.Logger) *hub {
 	return &hub{cfg: cfg, log: log.With("group", cfg.name), members: members, saver: newSaver(cfg.targetURL, cfg.leaseTimeout, log),
-		attached: map[string]*member{}, held: map[string]event.LSN{}, served: map[string]bool{}, demand: make(chan struct{}, 1)}
+		attached: map[string]*member{}, held: map[string]event.LSN{}, served: map[string]bool{}, waiting: map[string]time.Time{}, demand: make(chan struct{}, 1)}
 }
 
 func memberKey(spec rules.Spec) string { return fmt.Sprintf("%s/%d", spec.Name, spec.Version) }
@@ -194,10 +196,14 @@ func (h *hub) join(ctx context.Context, spec rules.Spec, sink replication.Sink, 
 	// them, since a restart resumes from the slot's confirmed position.
 	durable := sink.Confirmable()
 	if boundary && !h.streaming || h.streaming && !(h.startLSN <= from && h.lastBegun < from && durable >= h.confirmed) {
+		if _, ok := h.waiting[memberKey(spec)]; boundary && !ok {
+			h.waiting[memberKey(spec)] = time.Now()
+		}
 		h.mu.Unlock()
 		h.wake()
 		return nil, errBehind
 	}
+	delete(h.waiting, memberKey(spec))
 	m := &member{key: memberKey(spec), sink: sink, next: from, ownSlot: ownSlot, ch: make(chan hubMsg, memberQueue),
 		done: make(chan struct{}), fed: make(chan error, 1), started: make(chan error, 1)}
 	if old := h.attached[m.key]; old != nil {
@@ -217,6 +223,52 @@ func (h *hub) join(ctx context.Context, spec rules.Spec, sink replication.Sink, 
 		m.fed <- err
 	}()
 	return m, nil
+}
+
+// unwait says the member stopped asking to join (its session ended).
+func (h *hub) unwait(spec rules.Spec) {
+	h.mu.Lock()
+	delete(h.waiting, memberKey(spec))
+	h.mu.Unlock()
+}
+
+// joinPatience is how long a member may ask to join in vain before the
+// group's stream waits for it: a stream the engine only just keeps up
+// with stays ahead of a member catching up on a slot of its own forever.
+// holdMax bounds each wait (the others' latency grows by it meanwhile).
+const (
+	joinPatience = 5 * time.Second
+	holdMax      = 30 * time.Second
+)
+
+// holdForJoiners waits, before the stream begins its next transaction,
+// while a member has been asking to join for longer than joinPatience
+// (at most holdMax for each): the member's own stream then reaches the
+// group's and it joins at the next boundary.
+func (h *hub) holdForJoiners(ctx context.Context) {
+	logged := false
+	for {
+		h.mu.Lock()
+		hold := ""
+		for k, since := range h.waiting {
+			if d := time.Since(since); d > joinPatience && d < joinPatience+holdMax {
+				hold = k
+			}
+		}
+		h.mu.Unlock()
+		if hold == "" {
+			return
+		}
+		if !logged {
+			h.log.Info("the group's stream waits for a member to catch up and join", "member", hold)
+			logged = true
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(2 * time.Millisecond):
+		}
+	}
 }
 
 func (h *hub) wake() {
@@ -523,6 +575,7 @@ func (h *hub) stream(ctx context.Context) error {
 	}()
 	sctx, cancel := context.WithCancel(ctx)
 	defer func() { cancel(); <-refresh }()
+	h.streamCtx = sctx
 	err = replication.Stream(sctx, conn, src, (*hubSink)(h), h.cfg.opts)
 	return sourceHalt(atSlot(err))
 }
@@ -562,6 +615,9 @@ type hubSink hub
 
 func (s *hubSink) Begin(commit event.LSN, at time.Time) uint64 {
 	h := (*hub)(s)
+	if h.streamCtx != nil {
+		h.holdForJoiners(h.streamCtx)
+	}
 	h.mu.Lock()
 	h.lastBegun = commit
 	h.tx = h.tx[:0]

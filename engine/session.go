@@ -508,6 +508,7 @@ func (s *session) streamAndJoin(ctx context.Context, replConn *pgconn.PgConn, si
 	defer cancel()
 	js := &joinSink{ledgerSink: sink, hub: s.hub, ctx: ctx, spec: s.spec, ownSlot: s.slot, cancel: cancel, from: s.start}
 	err := replication.Stream(jctx, replConn, s.src, js, opts)
+	s.hub.unwait(s.spec)
 	if js.m == nil || ctx.Err() != nil {
 		if js.m != nil {
 			s.member = js.m
