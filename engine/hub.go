@@ -243,15 +243,19 @@ const (
 
 // holdForJoiners waits, before the stream begins its next transaction,
 // while a member has been asking to join for longer than joinPatience
-// (at most holdMax for each): the member's own stream then reaches the
-// group's and it joins at the next boundary.
+// (holdMax at a time, then joinPatience for the others, and again): the
+// member's own stream then reaches the group's and it joins at the next
+// boundary.
 func (h *hub) holdForJoiners(ctx context.Context) {
 	logged := false
 	for {
 		h.mu.Lock()
 		hold := ""
 		for k, since := range h.waiting {
-			if d := time.Since(since); d > joinPatience && d < joinPatience+holdMax {
+			switch d := time.Since(since); {
+			case d >= joinPatience+holdMax:
+				h.waiting[k] = time.Now() // let the others go on, then wait again
+			case d > joinPatience:
 				hold = k
 			}
 		}

@@ -913,3 +913,47 @@ func TestGroupJoinBelowConfirmed(t *testing.T) {
 	e.verifyClean(t, p, g1, g2)
 	p.stop()
 }
+
+// TestGroupJoinUnderSustainedLoad: under a writer the engine only just
+// keeps up with, g2 is paused behind a backlog and resumed. It catches up
+// on a copy of the group's slot, but alone it would never pass the group's
+// stream, which moves as fast as the writer; once it has asked to join in
+// vain for a while, the group's stream waits for it, and it joins while
+// the writer still runs. Both end exact, on the group's slot only.
+func TestGroupJoinUnderSustainedLoad(t *testing.T) {
+	e, p, g1, g2 := gEnv(t)
+	w := startWriter(e.dsn, 8, 4, 2*time.Millisecond)
+	defer func() {
+		select {
+		case <-w.stopc:
+		default:
+			w.stop(t)
+		}
+	}()
+	e.operate(t, 0, "pause", "-projection", "g2", "-version", "1")
+	waitMetric(t, p, "pgscribe_paused", "g2", 1, waitLong)
+	for tx := range 8 {
+		evs := make([]faultEvent, 0, 1000)
+		for i := range 1000 {
+			evs = append(evs, ev(fmt.Sprintf("s-%d", i%40), "Tick", int64(tx*1000+i)))
+		}
+		e.appendEvents(t, evs...)
+	}
+	waitFor(t, waitLong, "g1 to pass the paused g2", func() bool { return e.accounted(t, "g1") >= e.events(t)-2000 })
+	mark := p.mark()
+	e.operate(t, 0, "resume", "-projection", "g2", "-version", "1")
+	if !poll(t, 2*time.Minute, "g2 to join the group's stream while the writer runs", func(context.Context) (bool, error) {
+		return p.countLogAfter(mark, logMsg("joined the group's stream", "g2")) > 0, nil
+	}, p.broken) {
+		t.Fatalf("g2 never joined: g2 accounts for %d, g1 for %d, of %d events", e.accounted(t, "g2"), e.accounted(t, "g1"), e.events(t))
+	}
+	if p.countLogAfter(mark, logMsg("the group's stream waits for a member", "")) == 0 {
+		t.Log("g2 joined without the group's stream waiting for it (the writer left it room)")
+	}
+	w.stop(t)
+	e.verifyClean(t, p, g1, g2)
+	gm := []gMember{{"g1", 1}, {"g2", 1}}
+	requireOnGroupSlot(t, e.pool, e.slotPrefix, "default", gm...)
+	requireGroupConfirmed(t, e.pool, e.slotPrefix, "default", gm...)
+	p.stop()
+}
