@@ -512,14 +512,7 @@ func rejoined(t *testing.T, e *faultEnv, p *node, mark int, member string, held 
 // up on a copy of the group's slot and join again; both end exact.
 func TestGroupMemberHaltedOthersContinue(t *testing.T) {
 	e, p, g1, g2 := gEnv(t)
-	w := startWriter(e.dsn, 8, 4, 5*time.Millisecond)
-	defer func() {
-		select {
-		case <-w.stopc:
-		default:
-			w.stop(t)
-		}
-	}()
+	w := groupWriter(t, e.dsn, 4, 5*time.Millisecond)
 	waitFor(t, waitLong, "g2 to apply the writer's events", func() bool { return e.accounted(t, "g2") > 400 })
 	e.exec(t, `ALTER TABLE g2_rows RENAME COLUMN v TO v_gone`)
 	p.waitHalted("g2", "42703")
@@ -553,14 +546,7 @@ func TestGroupMemberHaltedOthersContinue(t *testing.T) {
 // exact.
 func TestGroupMemberPausedOthersContinue(t *testing.T) {
 	e, p, g1, g2 := gEnv(t)
-	w := startWriter(e.dsn, 8, 4, 5*time.Millisecond)
-	defer func() {
-		select {
-		case <-w.stopc:
-		default:
-			w.stop(t)
-		}
-	}()
+	w := groupWriter(t, e.dsn, 4, 5*time.Millisecond)
 	waitFor(t, waitLong, "g2 to apply the writer's events", func() bool { return e.accounted(t, "g2") > 400 })
 	e.operate(t, 0, "pause", "-projection", "g2", "-version", "1", "-reason", "group test")
 	waitMetric(t, p, "pgscribe_paused", "g2", 1, 10*time.Second)
@@ -811,26 +797,13 @@ func TestGroupKill9WhileCatchingUp(t *testing.T) {
 	// -race: a member catching up on a slot of its own can only join once
 	// it passes the group's stream, which it cannot while both trail the
 	// writer.
-	w := startWriter(e.dsn, 8, 2, 10*time.Millisecond)
-	defer func() {
-		select {
-		case <-w.stopc:
-		default:
-			w.stop(t)
-		}
-	}()
+	w := groupWriter(t, e.dsn, 2, 10*time.Millisecond)
 	for round := range 3 {
 		e.operate(t, 0, "pause", "-projection", "g2", "-version", "1")
 		waitMetric(t, p, "pgscribe_paused", "g2", 1, waitLong)
 		// A backlog of large transactions besides the writer's, so that
 		// the catch-up lasts long enough for the kill to land in it.
-		for tx := range 8 {
-			evs := make([]faultEvent, 0, 1000)
-			for i := range 1000 {
-				evs = append(evs, ev(fmt.Sprintf("c-%d", i%40), "Tick", int64(round*100000+tx*1000+i)))
-			}
-			e.appendEvents(t, evs...)
-		}
+		appendBacklog(t, e, "c", 40, 8, int64(round*100000))
 		waitFor(t, waitLong, "g1 to pass the paused g2", func() bool { return e.accounted(t, "g1") >= e.events(t)-200 })
 		mark := p.mark()
 		e.operate(t, 0, "resume", "-projection", "g2", "-version", "1")
@@ -877,13 +850,7 @@ func TestGroupJoinBelowConfirmed(t *testing.T) {
 	e, p, g1, g2 := gEnv(t)
 	e.operate(t, 0, "pause", "-projection", "g2", "-version", "1")
 	waitMetric(t, p, "pgscribe_paused", "g2", 1, waitLong)
-	for tx := range 30 {
-		evs := make([]faultEvent, 0, 1000)
-		for i := range 1000 {
-			evs = append(evs, ev(fmt.Sprintf("j-%d", i%50), "Tick", int64(tx*1000+i)))
-		}
-		e.appendEvents(t, evs...)
-	}
+	appendBacklog(t, e, "j", 50, 30, 0)
 	waitAccounted(t, e.pool, waitLong, "g1", 1, p.broken)
 	mark := p.mark()
 	e.operate(t, 0, "resume", "-projection", "g2", "-version", "1")
@@ -922,23 +889,10 @@ func TestGroupJoinBelowConfirmed(t *testing.T) {
 // the writer still runs. Both end exact, on the group's slot only.
 func TestGroupJoinUnderSustainedLoad(t *testing.T) {
 	e, p, g1, g2 := gEnv(t)
-	w := startWriter(e.dsn, 8, 4, 2*time.Millisecond)
-	defer func() {
-		select {
-		case <-w.stopc:
-		default:
-			w.stop(t)
-		}
-	}()
+	w := groupWriter(t, e.dsn, 4, 2*time.Millisecond)
 	e.operate(t, 0, "pause", "-projection", "g2", "-version", "1")
 	waitMetric(t, p, "pgscribe_paused", "g2", 1, waitLong)
-	for tx := range 8 {
-		evs := make([]faultEvent, 0, 1000)
-		for i := range 1000 {
-			evs = append(evs, ev(fmt.Sprintf("s-%d", i%40), "Tick", int64(tx*1000+i)))
-		}
-		e.appendEvents(t, evs...)
-	}
+	appendBacklog(t, e, "s", 40, 8, 0)
 	waitFor(t, waitLong, "g1 to pass the paused g2", func() bool { return e.accounted(t, "g1") >= e.events(t)-2000 })
 	mark := p.mark()
 	e.operate(t, 0, "resume", "-projection", "g2", "-version", "1")
@@ -956,4 +910,32 @@ func TestGroupJoinUnderSustainedLoad(t *testing.T) {
 	requireOnGroupSlot(t, e.pool, e.slotPrefix, "default", gm...)
 	requireGroupConfirmed(t, e.pool, e.slotPrefix, "default", gm...)
 	p.stop()
+}
+
+// groupWriter starts a writer on 8 streams (perTx events per transaction,
+// pause between them) that the test's end stops unless the test did.
+func groupWriter(t *testing.T, dsn string, perTx int, pause time.Duration) *faultWriter {
+	t.Helper()
+	w := startWriter(dsn, 8, perTx, pause)
+	t.Cleanup(func() {
+		select {
+		case <-w.stopc:
+		default:
+			w.stop(t)
+		}
+	})
+	return w
+}
+
+// appendBacklog appends txs transactions of 1,000 Tick events each over
+// the streams <prefix>-0 … <prefix>-<streams-1>, their amounts from base.
+func appendBacklog(t *testing.T, e *faultEnv, prefix string, streams, txs int, base int64) {
+	t.Helper()
+	for tx := range txs {
+		evs := make([]faultEvent, 0, 1000)
+		for i := range 1000 {
+			evs = append(evs, ev(fmt.Sprintf("%s-%d", prefix, i%streams), "Tick", base+int64(tx*1000+i)))
+		}
+		e.appendEvents(t, evs...)
+	}
 }
