@@ -5,6 +5,7 @@ package cursor_test
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"testing"
 	"time"
@@ -300,4 +301,66 @@ func TestCursorWatermark(t *testing.T) {
 	if deadRows != 1 || leases != 1 {
 		t.Errorf("after Reset: %d dead letters, %d leases; want 1 and 1", deadRows, leases)
 	}
+}
+
+// TestCursorUpdatesStayOnPage: the cursors table leaves room on its pages
+// (migration 0040), so advancing a stream's cursor is a HOT update — no
+// new primary-key entry — as long as a transaction touches a fraction of
+// a page's streams, which is what a batch does in a catch-up over many
+// streams. Measured in each transaction by pg_stat_xact_user_tables.
+func TestCursorUpdatesStayOnPage(t *testing.T) {
+	ctx := context.Background()
+	pool := storeDB(t, "pgscribe")
+	store := cursor.New("pgscribe", "balances", 1)
+	const streams, rounds, share = 2000, 10, 5 // each round advances every 5th stream
+	round := func(r int, ids func(i int) bool) (upd, hot int64) {
+		t.Helper()
+		tx, err := pool.Begin(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer tx.Rollback(ctx)
+		var adv []cursor.Advance
+		for i := range streams {
+			if ids(i) {
+				adv = append(adv, cursor.Advance{StreamID: fmt.Sprintf("stream-%05d", i), StreamPosition: int64(r + 1), Position: int64(r*streams + i + 1), Applied: 1})
+			}
+		}
+		// The backend's counts not yet sent to the statistics system,
+		// earlier transactions' included: the round is the difference.
+		counts := func() (upd, hot int64) {
+			if err := tx.QueryRow(ctx, `SELECT coalesce(sum(n_tup_upd), 0)::bigint, coalesce(sum(n_tup_hot_upd), 0)::bigint
+				FROM pg_stat_xact_user_tables WHERE relid = 'pgscribe.cursors'::regclass`).Scan(&upd, &hot); err != nil {
+				t.Fatal(err)
+			}
+			return upd, hot
+		}
+		upd0, hot0 := counts()
+		if err := store.Advance(ctx, tx, adv); err != nil {
+			t.Fatalf("round %d: Advance: %v", r, err)
+		}
+		upd, hot = counts()
+		upd, hot = upd-upd0, hot-hot0
+		if err := tx.Commit(ctx); err != nil {
+			t.Fatal(err)
+		}
+		return upd, hot
+	}
+	round(0, func(int) bool { return true }) // every stream's first cursor
+	var upd, hot int64
+	for r := 1; r <= rounds; r++ {
+		u, h := round(r, func(i int) bool { return i%share == r%share })
+		upd, hot = upd+u, hot+h
+	}
+	if want := int64(rounds * streams / share); upd != want {
+		t.Fatalf("%d cursor updates counted, want %d", upd, want)
+	}
+	if float64(hot) < 0.9*float64(upd) {
+		t.Errorf("%d of %d cursor updates were HOT, want at least 90%% (is the cursors table's fillfactor set?)", hot, upd)
+	}
+	var opts []string
+	if err := pool.QueryRow(ctx, "SELECT coalesce(reloptions, '{}') FROM pg_class WHERE oid = 'pgscribe.cursors'::regclass").Scan(&opts); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("%d of %d cursor updates HOT; cursors reloptions %v", hot, upd, opts)
 }
