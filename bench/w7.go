@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"math"
@@ -157,18 +158,19 @@ func (s *rssSampler) write(path string) error {
 // w7CatchUp is one N of W7's catch-up. CPU figures are µs per event and
 // projection (-1 not measured); ratios are against N = 1 (0 without it).
 type w7CatchUp struct {
-	Projections     int     `json:"projections"`
-	Events          int64   `json:"events"`
-	Seconds         float64 `json:"seconds"`       // engine start → every projection accounted for every event
-	FirstSeconds    float64 `json:"first_seconds"` // → the first projection did
-	SecondsVsOne    float64 `json:"seconds_vs_one"`
-	CPUPerEventProj float64 `json:"cpu_us_per_event_projection"`
-	PGPerEventProj  float64 `json:"pg_cpu_us_per_event_projection"`
-	PGVsOne         float64 `json:"pg_cpu_vs_one"`
-	PeakRSSMB       float64 `json:"peak_rss_mb"`
-	OtherCores      float64 `json:"other_cores"`
-	DifferingRows   []int64 `json:"differing_rows"` // per projection, against the SQL expectation
-	Load            string  `json:"load"`
+	Projections     int       `json:"projections"`
+	Events          int64     `json:"events"`
+	Seconds         float64   `json:"seconds"`       // engine start → every projection accounted for every event
+	FirstSeconds    float64   `json:"first_seconds"` // → the first projection did
+	SecondsVsOne    float64   `json:"seconds_vs_one"`
+	CPUPerEventProj float64   `json:"cpu_us_per_event_projection"`
+	PGPerEventProj  float64   `json:"pg_cpu_us_per_event_projection"`
+	PGVsOne         float64   `json:"pg_cpu_vs_one"`
+	PeakRSSMB       float64   `json:"peak_rss_mb"`
+	OtherCores      float64   `json:"other_cores"`
+	DifferingRows   []int64   `json:"differing_rows"`         // per projection, against the SQL expectation
+	Runs            []float64 `json:"runs_seconds,omitempty"` // -w7-repeat: every run's catch-up time, in run order; the figures are the median run's
+	Load            string    `json:"load"`
 }
 
 // w7Live is one N of W7's live part.
@@ -300,15 +302,29 @@ func (b *bench) w7(ctx context.Context) error {
 			thousands(n), thousands(hist.streams), o.w5TxEvents, joinInts(o.w7Counts), thousands(int64(o.w7Rate)),
 			o.w4Step(), joinInts(o.w7Live))+w7SlowSummary(o), n)
 	w.W7 = f
+	// Rounds of every N, so that a change of the machine's load between
+	// rounds lands on each N alike; each N's median run is its figure.
+	runs := map[int][]w7CatchUp{}
+	for round := range o.w7Repeat {
+		for _, k := range o.w7Counts {
+			if o.w7Repeat > 1 {
+				say("W7: catch-up round %d of %d", round+1, o.w7Repeat)
+			}
+			c, err := b.w7CatchUp(ctx, w, hist, k)
+			if err != nil {
+				return fmt.Errorf("catch-up with %d projections: %w", k, err)
+			}
+			runs[k] = append(runs[k], c)
+		}
+	}
 	for _, k := range o.w7Counts {
-		c, err := b.w7CatchUp(ctx, w, hist, k)
-		if err != nil {
-			return fmt.Errorf("catch-up with %d projections: %w", k, err)
+		if _, done := runs[k]; done {
+			f.CatchUp = append(f.CatchUp, w7Median(runs[k]))
+			delete(runs, k) // a count given twice is reported once
 		}
-		f.CatchUp = append(f.CatchUp, c)
-		if err := b.write(); err != nil {
-			return err
-		}
+	}
+	if err := b.write(); err != nil {
+		return err
 	}
 	for _, c := range f.CatchUp {
 		if c.Projections != 1 {
@@ -406,6 +422,19 @@ func (b *bench) w7CatchUp(ctx context.Context, w *Workload, hist history, k int)
 	say("W7: %d projection(s): caught up in %.2f s (first %.2f s), engine %.1f and PG %s µs CPU per event·projection, differing rows %v",
 		k, c.Seconds, c.FirstSeconds, c.CPUPerEventProj, optFloat(c.PGPerEventProj), c.DifferingRows)
 	return c, nil
+}
+
+// w7Median returns the run of median catch-up time (the lower middle of an
+// even number), with every run's time in Runs.
+func w7Median(runs []w7CatchUp) w7CatchUp {
+	sorted := slices.Clone(runs)
+	slices.SortStableFunc(sorted, func(a, b w7CatchUp) int { return cmp.Compare(a.Seconds, b.Seconds) })
+	m := sorted[(len(sorted)-1)/2]
+	m.Runs = nil
+	for _, r := range runs {
+		m.Runs = append(m.Runs, r.Seconds)
+	}
+	return m
 }
 
 // w7Check compares each w7_counts_<i> with the read model computed by SQL
@@ -635,12 +664,21 @@ func (f *w7Figures) markdown(p func(string, ...any)) {
 			"identical*: each projection's table against one computed by SQL from the events table (per stream: count "+
 			"and last type), `EXCEPT ALL` both ways.", thousands(f.Events), f.TxEvents)
 		p("")
-		p("| projections | catch-up s | vs one | engine CPU µs per event·projection | PG CPU µs per event·projection | vs one | peak RSS MB | other cores | read models identical | load |")
-		p("|--:|--:|--:|--:|--:|--:|--:|--:|---|---|")
+		if len(f.CatchUp[0].Runs) > 1 {
+			p("Each N ran %d times, in rounds of every N; the figures are each N's median run, *runs* every run's catch-up time "+
+				"in order.", len(f.CatchUp[0].Runs))
+			p("")
+		}
+		p("| projections | catch-up s | vs one | engine CPU µs per event·projection | PG CPU µs per event·projection | vs one | peak RSS MB | other cores | read models identical | load | runs s |")
+		p("|--:|--:|--:|--:|--:|--:|--:|--:|---|---|---|")
 		for _, c := range f.CatchUp {
-			p("| %d | %.2f (%.2f) | %s | %.1f | %s | %s | %.1f | %s | %s | %s |", c.Projections, c.Seconds, c.FirstSeconds,
+			runs := make([]string, len(c.Runs))
+			for i, r := range c.Runs {
+				runs[i] = fmt.Sprintf("%.2f", r)
+			}
+			p("| %d | %.2f (%.2f) | %s | %.1f | %s | %s | %.1f | %s | %s | %s | %s |", c.Projections, c.Seconds, c.FirstSeconds,
 				vs(c.SecondsVsOne), c.CPUPerEventProj, optFloat(c.PGPerEventProj), vs(c.PGVsOne), c.PeakRSSMB,
-				optCores(c.OtherCores), w7Identical(c.DifferingRows), c.Load)
+				optCores(c.OtherCores), w7Identical(c.DifferingRows), c.Load, strings.Join(runs, ", "))
 		}
 		p("")
 	}
@@ -737,6 +775,9 @@ func joinInts(v []int) string {
 // positiveInts parses a comma-separated list of positive integers.
 func positiveInts(flagName, s string) ([]int, error) {
 	var out []int
+	if strings.TrimSpace(s) == "" {
+		return nil, nil // none: that part of W7 is not run
+	}
 	for _, f := range strings.Split(s, ",") {
 		n, err := strconv.Atoi(strings.TrimSpace(f))
 		if err != nil || n <= 0 {
