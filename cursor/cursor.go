@@ -104,6 +104,7 @@ type Store struct {
 
 	loadSQL, advanceSQL                      string
 	loadWatermarkSQL, saveWatermarkSQL       string
+	saveWatermarksSQL                        string
 	setPhaseSQL, totalsSQL, hasSQL, resetSQL string
 	adoptSQL                                 string
 }
@@ -165,6 +166,29 @@ ON CONFLICT (projection, version) DO UPDATE SET
   position       = CASE WHEN w.lsn IS NULL OR excluded.lsn >= w.lsn THEN GREATEST(w.position, excluded.position) ELSE w.position END,
   commit_time    = CASE WHEN w.lsn IS NULL OR excluded.lsn >= w.lsn THEN excluded.commit_time ELSE w.commit_time END,
   phase          = coalesce(NULLIF($7, ''), w.phase),
+  backfill_total = coalesce(excluded.backfill_total, w.backfill_total),
+  backfill_done  = coalesce(excluded.backfill_done, w.backfill_done),
+  measured_at    = coalesce(excluded.measured_at, w.measured_at),
+  lag_seconds    = CASE WHEN excluded.measured_at IS NULL THEN w.lag_seconds ELSE excluded.lag_seconds END,
+  backlog_events = CASE WHEN excluded.measured_at IS NULL THEN w.backlog_events ELSE excluded.backlog_events END,
+  updated_at     = now()`,
+
+		// saveWatermarkSQL for many versions' saves in one statement, for
+		// saves that keep the stored phase (Phase ""), as the live saves
+		// do: a new row starts 'backfilling' and a stored phase stays.
+		saveWatermarksSQL: "INSERT INTO " + watermarks + ` AS w
+  (projection, version, slot_name, lsn, position, commit_time, phase, backfill_total, backfill_done,
+   measured_at, lag_seconds, backlog_events)
+SELECT u.projection, u.version, NULLIF(u.slot_name, ''), u.lsn::pg_lsn, u.position, u.commit_time, 'backfilling',
+  NULLIF(u.backfill_total, 0), NULLIF(u.backfill_done, 0), u.measured_at, u.lag_seconds, u.backlog_events
+FROM unnest($1::text[], $2::bigint[], $3::text[], $4::text[], $5::bigint[], $6::timestamptz[], $7::bigint[], $8::bigint[],
+  $9::timestamptz[], $10::float8[], $11::bigint[])
+  AS u (projection, version, slot_name, lsn, position, commit_time, backfill_total, backfill_done, measured_at, lag_seconds, backlog_events)
+ON CONFLICT (projection, version) DO UPDATE SET
+  slot_name      = coalesce(excluded.slot_name, w.slot_name),
+  lsn            = GREATEST(w.lsn, excluded.lsn),
+  position       = CASE WHEN w.lsn IS NULL OR excluded.lsn >= w.lsn THEN GREATEST(w.position, excluded.position) ELSE w.position END,
+  commit_time    = CASE WHEN w.lsn IS NULL OR excluded.lsn >= w.lsn THEN excluded.commit_time ELSE w.commit_time END,
   backfill_total = coalesce(excluded.backfill_total, w.backfill_total),
   backfill_done  = coalesce(excluded.backfill_done, w.backfill_done),
   measured_at    = coalesce(excluded.measured_at, w.measured_at),
@@ -355,6 +379,48 @@ func (s *Store) SaveWatermarkStatement(w Watermark) (string, []any, error) {
 	return s.saveWatermarkSQL, []any{s.projection, s.version,
 		w.SlotName, w.LSN.String(), w.Position, commit, w.Phase, w.BackfillTotal, w.BackfillDone,
 		measured, lagSeconds, backlog}, nil
+}
+
+// SaveWatermarksStatement is SaveWatermarkStatement for the saves ws[i]
+// of stores[i] in one statement: the saves of a group's members, which the
+// engine commits together. Every save must keep the stored phase (Phase
+// "") and the stores must share one engine schema; each version at most
+// once.
+func SaveWatermarksStatement(stores []*Store, ws []Watermark) (string, []any, error) {
+	if len(stores) == 0 || len(stores) != len(ws) {
+		return "", nil, fmt.Errorf("save watermarks: %d stores for %d saves", len(stores), len(ws))
+	}
+	n := len(ws)
+	projs, slots, lsns := make([]string, n), make([]string, n), make([]string, n)
+	versions, positions, totals, dones := make([]int64, n), make([]int64, n), make([]int64, n), make([]int64, n)
+	commits, measured := make([]*time.Time, n), make([]*time.Time, n)
+	lags, backlogs := make([]*float64, n), make([]*int64, n)
+	seen := make(map[string]bool, n)
+	for i, w := range ws {
+		st := stores[i]
+		if st.saveWatermarksSQL != stores[0].saveWatermarksSQL {
+			return "", nil, fmt.Errorf("save watermarks: %s v%d is in another engine schema", st.projection, st.version)
+		}
+		if w.Phase != "" {
+			return "", nil, fmt.Errorf("save watermarks: %s v%d: a save that sets the phase (%q) is saved alone", st.projection, st.version, w.Phase)
+		}
+		if key := fmt.Sprintf("%s\x00%d", st.projection, st.version); seen[key] {
+			return "", nil, fmt.Errorf("save watermarks: %s v%d twice", st.projection, st.version)
+		} else {
+			seen[key] = true
+		}
+		_, args, err := st.SaveWatermarkStatement(w)
+		if err != nil {
+			return "", nil, err
+		}
+		projs[i], versions[i] = st.projection, st.version
+		slots[i], lsns[i], positions[i] = w.SlotName, w.LSN.String(), w.Position
+		commits[i], measured[i] = args[5].(*time.Time), args[9].(*time.Time)
+		totals[i], dones[i] = w.BackfillTotal, w.BackfillDone
+		lags[i], backlogs[i] = args[10].(*float64), args[11].(*int64)
+	}
+	return stores[0].saveWatermarksSQL, []any{projs, versions, slots, lsns, positions, commits, totals, dones,
+		measured, lags, backlogs}, nil
 }
 
 // SetPhase records the phase and the backfill progress (total events to read

@@ -364,3 +364,76 @@ func TestCursorUpdatesStayOnPage(t *testing.T) {
 	}
 	t.Logf("%d of %d cursor updates HOT; cursors reloptions %v", hot, upd, opts)
 }
+
+// TestSaveWatermarksAsOne: the saves of several versions in one statement
+// (a group's members, SaveWatermarksStatement) leave the watermarks table
+// exactly as the same saves one by one (SaveWatermarkStatement) do: first
+// saves, later ones, one whose LSN is behind the stored one, with and
+// without a measurement, an empty slot name, a stored phase kept.
+func TestSaveWatermarksAsOne(t *testing.T) {
+	ctx := context.Background()
+	pool := storeDB(t, "one")
+	if _, err := migrations.Apply(ctx, pgtest.Connect(t, pool.Config().ConnConfig.ConnString()), "many"); err != nil {
+		t.Fatalf("migrate second schema: %v", err)
+	}
+	names := []string{"a", "b", "c"}
+	stores := map[string][]*cursor.Store{}
+	for _, schema := range []string{"one", "many"} {
+		for _, n := range names {
+			stores[schema] = append(stores[schema], cursor.New(schema, n, 1))
+		}
+		// b already has a row, in phase live.
+		if err := stores[schema][1].SetPhase(ctx, pool, cursor.PhaseLive, 0, 0); err != nil {
+			t.Fatal(err)
+		}
+	}
+	at := time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC)
+	rounds := [][]cursor.Watermark{
+		{{SlotName: "s", LSN: mustLSN(t, "0/100"), Position: 10, CommitTime: at},
+			{SlotName: "s", LSN: mustLSN(t, "0/200"), Position: 20},
+			{SlotName: "g", LSN: mustLSN(t, "0/300"), Position: 30, CommitTime: at, MeasuredAt: at, LagSeconds: 1.5, Backlog: 7}},
+		{{SlotName: "", LSN: mustLSN(t, "0/180"), Position: 15, CommitTime: at.Add(time.Second)},
+			{SlotName: "g", LSN: mustLSN(t, "0/150"), Position: 25, CommitTime: at}, // behind: keeps the stored
+			{SlotName: "g", LSN: mustLSN(t, "0/310"), Position: 31, MeasuredAt: at.Add(time.Second), LagSeconds: 0.5, Backlog: -1}},
+		{{SlotName: "s", LSN: mustLSN(t, "0/190"), Position: 16},
+			{SlotName: "s", LSN: mustLSN(t, "0/250"), Position: 26, CommitTime: at.Add(2 * time.Second)},
+			{SlotName: "g", LSN: mustLSN(t, "0/320"), Position: 32}}, // no measurement: the last one stays
+	}
+	for r, ws := range rounds {
+		for i, w := range ws {
+			sql, args, err := stores["one"][i].SaveWatermarkStatement(w)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := pool.Exec(ctx, sql, args...); err != nil {
+				t.Fatalf("round %d: single save of %s: %v", r, names[i], err)
+			}
+		}
+		sql, args, err := cursor.SaveWatermarksStatement(stores["many"], ws)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := pool.Exec(ctx, sql, args...); err != nil {
+			t.Fatalf("round %d: saves in one statement: %v", r, err)
+		}
+		read := func(schema string) string {
+			var s string
+			err := pool.QueryRow(ctx, `SELECT string_agg(format('%s|%s|%s|%s|%s|%s|%s|%s|%s|%s|%s|%s', projection, version, slot_name, lsn,
+				position, commit_time, phase, backfill_total, backfill_done, measured_at, lag_seconds, backlog_events), E'\n' ORDER BY projection)
+				FROM `+schema+`.watermarks`).Scan(&s)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return s
+		}
+		if one, many := read("one"), read("many"); one != many {
+			t.Errorf("round %d: one by one:\n%s\nin one statement:\n%s", r, one, many)
+		}
+	}
+	if _, _, err := cursor.SaveWatermarksStatement(stores["many"][:1], []cursor.Watermark{{Phase: cursor.PhaseLive}}); err == nil {
+		t.Error("a save that sets the phase was accepted in one statement")
+	}
+	if _, _, err := cursor.SaveWatermarksStatement([]*cursor.Store{stores["one"][0], stores["many"][1]}, make([]cursor.Watermark, 2)); err == nil {
+		t.Error("stores of two engine schemas were accepted in one statement")
+	}
+}

@@ -31,9 +31,9 @@ type ledger struct {
 	log     *slog.Logger
 	// fenced runs the statements in one fenced transaction.
 	fenced func(ctx context.Context, stmts ...statement) error
-	// publishVia runs publish's saves (fenced likewise); fenced when nil.
-	// A group's members share one (saver).
-	publishVia func(ctx context.Context, stmts ...statement) error
+	// saveVia, when set, runs publish's saves instead of fenced: a group's
+	// members share one (saver), which also paces them (publishGap).
+	saveVia func(ctx context.Context, w cursor.Watermark) error
 
 	moved chan struct{} // the watermark moved or a measurement came (capacity 1)
 	mu    sync.Mutex
@@ -123,6 +123,9 @@ func (l *ledger) publish(ctx context.Context, backfilling func() bool) {
 		}
 		idleSaved = m == nil && txns == savedTxns
 		saved, savedTxns = w, txns
+		if l.saveVia != nil {
+			continue // the shared saver paces
+		}
 		select {
 		case <-ctx.Done():
 			return
@@ -187,18 +190,20 @@ func (l *ledger) save(ctx context.Context, m *lag.Reading, at time.Time) (event.
 			w.Backlog = -1
 		}
 	}
-	sql, args, err := l.store.SaveWatermarkStatement(w)
-	if err == nil {
-		// Asynchronous commit: the watermark only ever claims batches that
-		// committed (synchronously) before it was computed, so losing the
-		// last few saves in a server crash loses no guarantee, and the
-		// saves do not each wait for a WAL flush. The stored LSN never
-		// moves backwards (SaveWatermark keeps the greater).
-		via := l.fenced
-		if l.publishVia != nil {
-			via = l.publishVia
+	// Asynchronous commit: the watermark only ever claims batches that
+	// committed (synchronously) before it was computed, so losing the last
+	// few saves in a server crash loses no guarantee, and the saves do not
+	// each wait for a WAL flush. The stored LSN never moves backwards
+	// (SaveWatermark keeps the greater).
+	var err error
+	if l.saveVia != nil {
+		err = l.saveVia(ctx, w)
+	} else {
+		var sql string
+		var args []any
+		if sql, args, err = l.store.SaveWatermarkStatement(w); err == nil {
+			err = l.fenced(ctx, statement{sql: "SET LOCAL synchronous_commit = off"}, statement{sql: sql, args: args})
 		}
-		err = via(ctx, statement{sql: "SET LOCAL synchronous_commit = off"}, statement{sql: sql, args: args})
 	}
 	if err != nil {
 		if ctx.Err() == nil {

@@ -10,17 +10,23 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/pgscribe/pgscribe/cursor"
 	"github.com/pgscribe/pgscribe/leader"
 )
 
 // saver commits the watermark saves of a group's members together: each
-// member's ledger saves its own row (fenced by its own lease) within
-// ~publishGap of a move, and eight members doing that alone made as many
-// small transactions as their batches did at 1k events/s (bench W7). The
-// saves that wait while one transaction is in flight go in the next one:
-// BEGIN, then each member's fence check and statements, COMMIT. When that
-// fails (a member was fenced), each save of it is retried alone, so one
-// member's lost lease never fails another's save.
+// member's ledger saves its own row, fenced by its own lease, and eight
+// members each saving every publishGap made as many small transactions as
+// their batches did at 1k events/s (bench W7), and then about 36% of the
+// engine's statements: a fence check, a SET and an upsert per save. So the
+// saver commits at most once per publishGap, with every save waiting then,
+// in four statements whatever the number of members: one fence check of
+// every member's lease (leader.CheckAllStatement), one upsert of every
+// member's row (cursor.SaveWatermarksStatement). When that fails (a member
+// was fenced), each save is retried alone with its own lease's check, so
+// one member's lost lease never fails another's save. A member's save
+// waits up to publishGap for the next commit, which then paces its saves
+// as publishGap does a projection's own (ledger.publish).
 type saver struct {
 	url  string
 	idle string // idle_in_transaction_session_timeout (ms): as the members' pools, never holding a lease row past the lease
@@ -33,7 +39,8 @@ type saver struct {
 
 type saveReq struct {
 	lease *leader.Lease
-	stmts []statement
+	store *cursor.Store
+	w     cursor.Watermark
 	done  chan error
 }
 
@@ -41,10 +48,11 @@ func newSaver(url string, leaseTimeout time.Duration, log *slog.Logger) *saver {
 	return &saver{url: url, idle: fmt.Sprint(leaseTimeout.Milliseconds()), log: log, reqs: make(chan *saveReq, 64)}
 }
 
-// save commits stmts fenced by lease, with the other members' saves that
-// are waiting, and returns when they committed or failed.
-func (sv *saver) save(ctx context.Context, lease *leader.Lease, stmts ...statement) error {
-	r := &saveReq{lease: lease, stmts: stmts, done: make(chan error, 1)}
+// save commits the watermark w of store's version fenced by lease, with the
+// other members' saves that are waiting, and returns when they committed
+// or failed.
+func (sv *saver) save(ctx context.Context, lease *leader.Lease, store *cursor.Store, w cursor.Watermark) error {
+	r := &saveReq{lease: lease, store: store, w: w, done: make(chan error, 1)}
 	select {
 	case sv.reqs <- r:
 	case <-ctx.Done():
@@ -85,6 +93,7 @@ func (sv *saver) run(ctx context.Context) {
 				break more
 			}
 		}
+		began := time.Now()
 		err := sv.commit(ctx, batch)
 		if err != nil && len(batch) > 1 {
 			for _, r := range batch {
@@ -94,6 +103,12 @@ func (sv *saver) run(ctx context.Context) {
 		}
 		for _, r := range batch {
 			r.done <- err
+		}
+		// Paced: the saves that come meanwhile wait for the next commit.
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(time.Until(began.Add(publishGap))):
 		}
 	}
 }
@@ -119,8 +134,44 @@ func (sv *saver) conn(ctx context.Context) (*pgxpool.Pool, error) {
 	return p, nil
 }
 
-// commit runs the saves of batch in one transaction, in one round trip.
+// commit runs the saves of batch in one transaction, in one round trip:
+// a save alone as the ledger's own save runs it, several in one statement
+// each for the fence and the rows. Asynchronous commit, as the ledger's.
 func (sv *saver) commit(ctx context.Context, batch []*saveReq) error {
+	var b pgx.Batch
+	b.Queue("begin")
+	checkAt := 1
+	var lease *leader.Lease // the one to explain a failed check by
+	if len(batch) == 1 {
+		r := batch[0]
+		lease = r.lease
+		check, args := r.lease.CheckStatement()
+		b.Queue(check, args...)
+		sql, args, err := r.store.SaveWatermarkStatement(r.w)
+		if err != nil {
+			return err
+		}
+		b.Queue("SET LOCAL synchronous_commit = off")
+		b.Queue(sql, args...)
+	} else {
+		leases := make([]*leader.Lease, len(batch))
+		stores := make([]*cursor.Store, len(batch))
+		ws := make([]cursor.Watermark, len(batch))
+		for i, r := range batch {
+			leases[i], stores[i], ws[i] = r.lease, r.store, r.w
+		}
+		lease = leases[0]
+		check, args := leader.CheckAllStatement(leases)
+		b.Queue(check, args...)
+		sql, args, err := cursor.SaveWatermarksStatement(stores, ws)
+		if err != nil {
+			return err
+		}
+		b.Queue("SET LOCAL synchronous_commit = off")
+		b.Queue(sql, args...)
+	}
+	b.Queue("commit")
+
 	pool, err := sv.conn(ctx)
 	if err != nil {
 		return err
@@ -130,25 +181,11 @@ func (sv *saver) commit(ctx context.Context, batch []*saveReq) error {
 		return err
 	}
 	defer conn.Release()
-	var b pgx.Batch
-	b.Queue("begin")
-	checks := map[int]*leader.Lease{}
-	for _, r := range batch {
-		check, args := r.lease.CheckStatement()
-		checks[b.Len()] = r.lease
-		b.Queue(check, args...)
-		for _, st := range r.stmts {
-			b.Queue(st.sql, st.args...)
-		}
-	}
-	b.Queue("commit")
 	n := b.Len()
 	br := conn.SendBatch(ctx, &b)
 	for i := 0; i < n && err == nil; i++ {
-		if _, err = br.Exec(); err != nil {
-			if l := checks[i]; l != nil {
-				err = l.CheckFailed(err)
-			}
+		if _, err = br.Exec(); err != nil && i == checkAt {
+			err = lease.CheckFailed(err)
 		}
 	}
 	if cerr := br.Close(); err == nil {

@@ -82,8 +82,8 @@ func (s *session) run(ctx context.Context) error {
 		s.ledger.setSlot(s.cfg.GroupSlotName(s.spec.GroupName()))
 	}
 	if s.hub != nil && s.hub.saver != nil {
-		s.ledger.publishVia = func(ctx context.Context, stmts ...statement) error {
-			return sqlstate.Retry(ctx, s.retry, s.log, func() error { return s.hub.saver.save(ctx, s.lease, stmts...) })
+		s.ledger.saveVia = func(ctx context.Context, w cursor.Watermark) error {
+			return sqlstate.Retry(ctx, s.retry, s.log, func() error { return s.hub.saver.save(ctx, s.lease, s.store, w) })
 		}
 	}
 	s.parts = s.partitions()

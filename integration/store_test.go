@@ -19,6 +19,7 @@ import (
 	"github.com/pgscribe/pgscribe/cursor"
 	"github.com/pgscribe/pgscribe/deadletter"
 	"github.com/pgscribe/pgscribe/event"
+	"github.com/pgscribe/pgscribe/leader"
 	"github.com/pgscribe/pgscribe/migrations"
 )
 
@@ -622,5 +623,96 @@ func TestStoreQuotedIdentifiers(t *testing.T) {
 				t.Errorf("schema public gone: %v", err)
 			}
 		})
+	}
+}
+
+// TestLeaseCheckAll: the fence of a group's watermark saves checks every
+// member's lease in one statement. It passes while every lease is as
+// acquired, fails (fenced, as one lease's check does) when one of them was
+// taken over or its row is gone, and holds every lease row for share: a
+// takeover of any of them waits for the transaction.
+func TestLeaseCheckAll(t *testing.T) {
+	ctx := context.Background()
+	pool := storeDB(t, "pgscribe")
+	dsn := pool.Config().ConnConfig.ConnString()
+	var ls []*leader.Lease
+	for _, p := range []string{"a", "b", "c"} {
+		l, err := leader.TryAcquire(ctx, dsn, "pgscribe", p, 1, "n1", 30*time.Second)
+		if err != nil || l == nil {
+			t.Fatalf("acquire %s: %v, %v", p, l, err)
+		}
+		t.Cleanup(func() { l.Release(context.Background()) })
+		ls = append(ls, l)
+	}
+	check := func() error {
+		tx, err := pool.Begin(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer tx.Rollback(ctx)
+		sql, args := leader.CheckAllStatement(ls)
+		if _, err := tx.Exec(ctx, sql, args...); err != nil {
+			return ls[0].CheckFailed(err)
+		}
+		return nil
+	}
+	if err := check(); err != nil {
+		t.Fatalf("every lease as acquired: %v", err)
+	}
+
+	// Held for share: a takeover's bump of b waits for the open check.
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sql, args := leader.CheckAllStatement(ls)
+	if _, err := tx.Exec(ctx, sql, args...); err != nil {
+		t.Fatal(err)
+	}
+	bumped := make(chan error, 1)
+	go func() {
+		_, err := pool.Exec(ctx, "UPDATE pgscribe.leases SET epoch = epoch + 1 WHERE projection = 'b' AND version = 1")
+		bumped <- err
+	}()
+	waiting := false
+	for deadline := time.Now().Add(10 * time.Second); !waiting && time.Now().Before(deadline); {
+		select {
+		case err := <-bumped:
+			t.Fatalf("the bump of a lease did not wait for the check's transaction (err %v)", err)
+		case <-time.After(20 * time.Millisecond):
+		}
+		if err := pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_stat_activity
+			WHERE wait_event_type = 'Lock' AND query LIKE 'UPDATE pgscribe.leases%')`).Scan(&waiting); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if !waiting {
+		t.Fatal("the bump of a lease is not waiting on a lock after 10 s")
+	}
+	if err := tx.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-bumped:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the bump did not go through after the check's transaction ended")
+	}
+	if err := check(); !errors.Is(err, event.ErrFenced) {
+		t.Errorf("b taken over: check = %v, want fenced", err)
+	}
+	if _, err := pool.Exec(ctx, "UPDATE pgscribe.leases SET epoch = epoch - 1 WHERE projection = 'b' AND version = 1"); err != nil {
+		t.Fatal(err)
+	}
+	if err := check(); err != nil {
+		t.Fatalf("b back as acquired: %v", err)
+	}
+	if _, err := pool.Exec(ctx, "DELETE FROM pgscribe.leases WHERE projection = 'c'"); err != nil {
+		t.Fatal(err)
+	}
+	if err := check(); !errors.Is(err, event.ErrFenced) {
+		t.Errorf("c's row gone: check = %v, want fenced", err)
 	}
 }

@@ -157,6 +157,25 @@ func (l *Lease) CheckStatement() (string, []any) {
 	return l.checkSQL, []any{l.projection, l.version, l.Epoch, l.Acquired}
 }
 
+// CheckAllStatement is CheckStatement for several leases of one engine
+// schema in one statement (a group's watermark saves): it locks every lease
+// row for share and fails, as CheckStatement does, when any of them is no
+// longer as its lease acquired it or is gone. Its failure does not say
+// which: CheckStatement of each does.
+func CheckAllStatement(ls []*Lease) (string, []any) {
+	projs, versions := make([]string, len(ls)), make([]int64, len(ls))
+	epochs, acquired := make([]int64, len(ls)), make([]time.Time, len(ls))
+	for i, l := range ls {
+		projs[i], versions[i], epochs[i], acquired[i] = l.projection, l.version, l.Epoch, l.Acquired
+	}
+	return `SELECT CASE WHEN count(l.epoch) = count(*) AND bool_and(l.epoch = w.epoch AND l.acquired_at = w.acquired) THEN 0
+  ELSE ('` + fenceMark + `' || (count(*) - count(l.epoch) + count(*) FILTER (WHERE l.epoch <> w.epoch OR l.acquired_at <> w.acquired))
+    || ' of ' || count(*) || ' leases changed or are gone')::int END
+FROM unnest($1::text[], $2::bigint[], $3::bigint[], $4::timestamptz[]) AS w (projection, version, epoch, acquired)
+LEFT JOIN LATERAL (SELECT epoch, acquired_at FROM ` + ls[0].leases + `
+  WHERE projection = w.projection AND version = w.version FOR SHARE) AS l ON true`, []any{projs, versions, epochs, acquired}
+}
+
 // CheckFailed implements the apply package's Fence.
 func (l *Lease) CheckFailed(err error) error {
 	var pgErr *pgconn.PgError
