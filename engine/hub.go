@@ -36,6 +36,9 @@ type hub struct {
 	log     *slog.Logger
 	members int    // configured members on this node
 	saver   *saver // the members' watermark saves, together
+	// keepAlive sends the stream's standby status when due (set by the
+	// stream for holdForJoiners; the stream's goroutine only).
+	keepAlive func() error
 
 	mu        sync.Mutex
 	attached  map[string]*member   // by member key
@@ -266,6 +269,11 @@ func (h *hub) holdForJoiners(ctx context.Context) {
 		if !logged {
 			h.log.Info("the group's stream waits for a member to catch up and join", "member", hold)
 			logged = true
+		}
+		if h.keepAlive != nil {
+			if err := h.keepAlive(); err != nil {
+				return // the stream fails at its next read
+			}
 		}
 		select {
 		case <-ctx.Done():
@@ -616,6 +624,11 @@ func (h *hub) refuse(start event.LSN, all bool) {
 
 // hubSink is the hub as the stream's sink: it fans each transaction out.
 type hubSink hub
+
+// SetKeepAlive keeps the stream's standby status going while Begin holds
+// the stream for a joiner (holdForJoiners); the stream's goroutine sets it
+// at each start, and only that goroutine calls Begin.
+func (s *hubSink) SetKeepAlive(keepAlive func() error) { (*hub)(s).keepAlive = keepAlive }
 
 func (s *hubSink) Begin(commit event.LSN, at time.Time) uint64 {
 	h := (*hub)(s)

@@ -36,6 +36,16 @@ type Sink interface {
 	AdvanceIdle(walEnd event.LSN)
 }
 
+// A HoldingSink is a Sink that may hold the stream inside Begin for long
+// (a group's stream waiting for a member to join). Stream gives it
+// keepAlive, to call from within Begin while it waits: it sends the standby
+// status when one is due, so that the server's wal_sender_timeout does not
+// end the connection meanwhile. Called from the stream's goroutine only.
+type HoldingSink interface {
+	Sink
+	SetKeepAlive(keepAlive func() error)
+}
+
 // StreamOptions tunes the stream.
 type StreamOptions struct {
 	// StatusInterval is how often a standby status update is sent (each
@@ -75,6 +85,9 @@ func Stream(ctx context.Context, conn *pgconn.PgConn, src Source, sink Sink, o S
 	defer cat.close(context.WithoutCancel(ctx))
 	s := &streamer{conn: conn, src: src, sink: sink, o: o, relations: map[uint32]*relation{}, lookup: cat}
 	s.schema, s.table = src.tableName()
+	if hs, ok := sink.(HoldingSink); ok {
+		hs.SetKeepAlive(s.keepAlive)
+	}
 	err = s.run(ctx)
 	// Best effort: tell the server what is durable before leaving — but
 	// never on a connection pgconn is closing: after a read error it closes
@@ -251,6 +264,17 @@ func (s *streamer) deliver(ctx context.Context, ev *event.Event) error {
 		// Blocked on our own pipeline is not a stalled server.
 		s.lastMsg = time.Now()
 	}
+}
+
+// keepAlive sends the standby status when one is due, for a sink that
+// holds the stream (HoldingSink): held by our own sink is not a stalled
+// server either.
+func (s *streamer) keepAlive() error {
+	if time.Now().Before(s.nextStatus) {
+		return nil
+	}
+	s.lastMsg = time.Now()
+	return s.sendStatus()
 }
 
 // sendStatus confirms the watermark: flush (what the slot keeps) is only

@@ -8,6 +8,7 @@ import (
 	"encoding/json"
 	"errors"
 	"os"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -253,4 +254,110 @@ func jsonEqual(t *testing.T, got []byte, want string) bool {
 	gb, _ := json.Marshal(g)
 	wb, _ := json.Marshal(w)
 	return string(gb) == string(wb)
+}
+
+// holdingSink holds the stream in the first Begin for hold, calling the
+// stream's keepAlive (when keep) as a group's stream does while it waits
+// for a joiner.
+type holdingSink struct {
+	recordingSink
+	hold      time.Duration
+	keep      bool
+	keepAlive func() error
+	held      bool
+}
+
+func (s *holdingSink) SetKeepAlive(k func() error) { s.keepAlive = k }
+
+func (s *holdingSink) Begin(commitLSN event.LSN, at time.Time) uint64 {
+	if !s.held {
+		s.held = true
+		for end := time.Now().Add(s.hold); time.Now().Before(end); time.Sleep(10 * time.Millisecond) {
+			if s.keep && s.keepAlive != nil {
+				_ = s.keepAlive()
+			}
+		}
+	}
+	return s.recordingSink.Begin(commitLSN, at)
+}
+
+// TestStreamHeldInBeginStaysUp: a sink that holds the stream inside Begin
+// longer than the server's wal_sender_timeout (1 s here) keeps the
+// connection with the keepAlive the stream gives it (HoldingSink), and the
+// stream then delivers every transaction. Without keepAlive the server ends
+// the connection: the same hold fails the stream.
+func TestStreamHeldInBeginStaysUp(t *testing.T) {
+	for _, keep := range []bool{true, false} {
+		t.Run(map[bool]string{true: "keepalive", false: "none"}[keep], func(t *testing.T) {
+			dsn := pgtest.Database(t)
+			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+			defer cancel()
+			conn := pgtest.Connect(t, dsn)
+			if err := migrations.CreateEventsTable(ctx, conn, "events"); err != nil {
+				t.Fatal(err)
+			}
+			if err := migrations.EnsurePublication(ctx, conn, "pgscribe_events", "events"); err != nil {
+				t.Fatal(err)
+			}
+			short := dsn + map[bool]string{true: "&", false: "?"}[strings.Contains(dsn, "?")] + "wal_sender_timeout=1000"
+			if !strings.Contains(dsn, "://") {
+				short = dsn + " wal_sender_timeout=1000"
+			}
+			repl, err := replication.ConnectReplication(ctx, short)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer repl.Close(context.WithoutCancel(ctx))
+			const slot = "held_stream_test"
+			if _, _, err := replication.CreateSlot(ctx, repl, slot); err != nil {
+				t.Fatal(err)
+			}
+			insert := func(i int) {
+				t.Helper()
+				if _, err := conn.Exec(ctx, `INSERT INTO events (stream_id, stream_position, type, data) VALUES ('s', $1, 'T', '{}')`, i); err != nil {
+					t.Fatal(err)
+				}
+			}
+			insert(1) // held in its Begin
+			sink := &holdingSink{recordingSink: recordingSink{begins: map[uint64]event.LSN{}, ends: map[uint64]event.LSN{}},
+				hold: 4 * time.Second, keep: keep}
+			src := replication.Source{URL: dsn, Table: "events", Publication: "pgscribe_events", Slot: slot, Columns: columns}
+			sctx, stop := context.WithCancel(ctx)
+			defer stop()
+			done := make(chan error, 1)
+			go func() {
+				done <- replication.Stream(sctx, repl, src, sink, replication.StreamOptions{StatusInterval: 200 * time.Millisecond})
+			}()
+			appended := false
+			// The second transaction is appended after the hold: what was
+			// sent before it (already in the client's buffers) proves
+			// nothing about the connection.
+			deadline := time.Now().Add(30 * time.Second)
+			for sink.committed() < 2 {
+				if sink.committed() == 1 && !appended {
+					insert(2)
+					appended = true
+				}
+				select {
+				case err := <-done:
+					if keep {
+						t.Fatalf("stream held in Begin with keepalive ended: %v", err)
+					}
+					return // the server ended it, as it does without keepalive
+				default:
+				}
+				if time.Now().After(deadline) {
+					t.Fatal("timed out waiting for the two transactions")
+				}
+				time.Sleep(20 * time.Millisecond)
+			}
+			if !keep {
+				t.Fatal("the stream outlived a hold of 4 s without keepalive under wal_sender_timeout 1 s: the test proves nothing")
+			}
+			stop()
+			if err := <-done; !errors.Is(err, context.Canceled) {
+				t.Errorf("Stream after cancel: %v, want context.Canceled", err)
+			}
+		})
+	}
 }
