@@ -67,14 +67,14 @@ func (s *recordingSink) committed() int {
 var columns = replication.Columns{Position: "position", ID: "id", StreamID: "stream_id", StreamPosition: "stream_position",
 	Type: "type", Data: "data", Metadata: "metadata", OccurredAt: "occurred_at"}
 
-// TestSlotSnapshotAndStreamPG: a slot created with an exported snapshot
-// splits the events exactly: the snapshot holds what committed before the
-// slot (even when read after a later commit), the stream delivers what
-// committed after it, decoded, with its commit LSN and time.
-func TestSlotSnapshotAndStreamPG(t *testing.T) {
+// eventsDB returns a fresh database with the events table and its
+// publication, a connection to it and a context that ends with the test
+// (two minutes at most).
+func eventsDB(t *testing.T) (string, *pgx.Conn, context.Context) {
+	t.Helper()
 	dsn := pgtest.Database(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
+	t.Cleanup(cancel)
 	conn := pgtest.Connect(t, dsn)
 	if err := migrations.CreateEventsTable(ctx, conn, "events"); err != nil {
 		t.Fatal(err)
@@ -82,6 +82,15 @@ func TestSlotSnapshotAndStreamPG(t *testing.T) {
 	if err := migrations.EnsurePublication(ctx, conn, "pgscribe_events", "events"); err != nil {
 		t.Fatal(err)
 	}
+	return dsn, conn, ctx
+}
+
+// TestSlotSnapshotAndStreamPG: a slot created with an exported snapshot
+// splits the events exactly: the snapshot holds what committed before the
+// slot (even when read after a later commit), the stream delivers what
+// committed after it, decoded, with its commit LSN and time.
+func TestSlotSnapshotAndStreamPG(t *testing.T) {
+	dsn, conn, ctx := eventsDB(t)
 	exec := func(sql string, args ...any) {
 		t.Helper()
 		if _, err := conn.Exec(ctx, sql, args...); err != nil {
@@ -284,21 +293,12 @@ func (s *holdingSink) Begin(commitLSN event.LSN, at time.Time) uint64 {
 // TestStreamHeldInBeginStaysUp: a sink that holds the stream inside Begin
 // longer than the server's wal_sender_timeout (1 s here) keeps the
 // connection with the keepAlive the stream gives it (HoldingSink), and the
-// stream then delivers every transaction. Without keepAlive the server ends
-// the connection: the same hold fails the stream.
+// stream then delivers a transaction appended after the hold. Without
+// keepAlive the server ends the connection: the same hold fails the stream.
 func TestStreamHeldInBeginStaysUp(t *testing.T) {
 	for _, keep := range []bool{true, false} {
 		t.Run(map[bool]string{true: "keepalive", false: "none"}[keep], func(t *testing.T) {
-			dsn := pgtest.Database(t)
-			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-			defer cancel()
-			conn := pgtest.Connect(t, dsn)
-			if err := migrations.CreateEventsTable(ctx, conn, "events"); err != nil {
-				t.Fatal(err)
-			}
-			if err := migrations.EnsurePublication(ctx, conn, "pgscribe_events", "events"); err != nil {
-				t.Fatal(err)
-			}
+			dsn, conn, ctx := eventsDB(t)
 			short := dsn + map[bool]string{true: "&", false: "?"}[strings.Contains(dsn, "?")] + "wal_sender_timeout=1000"
 			if !strings.Contains(dsn, "://") {
 				short = dsn + " wal_sender_timeout=1000"
