@@ -6,7 +6,8 @@ package integration
 // and the tables of two real event stores created from their own DDL. Each
 // runs through the backfill, the live stream and a restart, and the read
 // model is compared exactly with what SQL over the events table says it
-// must be.
+// must be, for three projections: two sharing one slot and decode (a
+// group) and one on a slot of its own.
 
 import (
 	"fmt"
@@ -52,6 +53,27 @@ func sourceTypesProjection(occurred bool) string {
 		key: `stream_id = "stream_id"`,
 		set: `last_type = "type", last_stream_position = "stream_position", last_position = "position", last_id = "id", last_user = "metadata.user ?? ''"` + occ,
 		inc: `events = "1", amount = "data.amount ?? 0"`})
+}
+
+// sourceTypesGroup is what every shape runs: the projection twice in the
+// default group (one shared slot and decode: shape and shape_g) and once in
+// a group of its own (its own slot: shape_own), each into its read model.
+var sourceTypesGroup = []struct{ projection, table, group string }{
+	{"shape", "rm_streams", ""}, {"shape_g", "rm_streams_g", ""}, {"shape_own", "rm_streams_own", "own"},
+}
+
+// sourceTypesProjections is sourceTypesProjection for sourceTypesGroup.
+func sourceTypesProjections(occurred bool) (toml, ddl string) {
+	for _, p := range sourceTypesGroup {
+		one := strings.Replace(sourceTypesProjection(occurred), `table = "rm_streams"`, fmt.Sprintf("table = %q", p.table), 1)
+		one = strings.Replace(one, `name = "shape"`, fmt.Sprintf("name = %q", p.projection), 1)
+		if p.group != "" {
+			one = strings.Replace(one, "version = 1\n", fmt.Sprintf("version = 1\ngroup = %q\n", p.group), 1)
+		}
+		toml += one
+		ddl += strings.Replace(sourceTypesReadModel, "rm_streams", p.table, 1) + ";\n"
+	}
+	return toml, ddl
 }
 
 const sourceTypesReadModel = `CREATE TABLE rm_streams (
@@ -264,9 +286,10 @@ func runSourceShape(t *testing.T, sh sourceShape) {
 	if sh.columns != "" {
 		source += "\n\n[source.columns]\n" + sh.columns
 	}
-	cfg := e.config("shape", source, "", sourceTypesProjection(sh.occurred))
+	projections, ddl := sourceTypesProjections(sh.occurred)
+	cfg := e.config("shape", source, "", projections)
 	e.mustRun(0, "migrate", "-config", cfg)
-	e.exec(sourceTypesReadModel)
+	e.exec(ddl)
 	e.mustRun(0, "check", "-config", cfg)
 	if sh.before != "" {
 		if n := e.queryInt(`SELECT count(*) FROM pg_publication WHERE pubname = 'pgscribe_events' AND pubviaroot`); n != 1 {
@@ -275,6 +298,7 @@ func runSourceShape(t *testing.T, sh sourceShape) {
 	}
 
 	table := sh.insertInto[:strings.Index(sh.insertInto, " ")]
+	var checkProjection func(step string, p *node, projection, rm string)
 	appendEvents := func(s1, s2, k1, k2 int) {
 		t.Helper()
 		e.exec(fmt.Sprintf(`INSERT INTO %s SELECT %s FROM generate_series($1::int, $2::int) s, generate_series($3::int, $4::int) k ORDER BY s, k`,
@@ -282,21 +306,40 @@ func runSourceShape(t *testing.T, sh sourceShape) {
 	}
 	check := func(step string, p *node) {
 		t.Helper()
-		waitFor(t, 2*time.Minute, step+": every event accounted for", func() bool {
-			p.requireRunning()
-			return e.queryInt(fmt.Sprintf(`SELECT (SELECT count(*) FROM %s) - coalesce((SELECT sum(applied + skipped + dead_lettered)
-FROM pgscribe.cursors WHERE projection = 'shape' AND version = 1), 0)::bigint`, table)) == 0
-		})
+		for _, pr := range sourceTypesGroup {
+			checkProjection(step+" ("+pr.projection+")", p, pr.projection, pr.table)
+		}
 		if n := e.queryInt(`SELECT count(*) FROM pgscribe.dead_letters`); n != 0 {
 			t.Errorf("%s: %d dead letters", step, n)
 		}
+		// shape and shape_g share the default group's slot once they joined
+		// (each backfills on a slot of its own first, dropped at the join);
+		// shape_own has its own.
+		waitFor(t, time.Minute, step+": two slots, the default group's streaming", func() bool {
+			p.requireRunning()
+			return e.queryInt(`SELECT count(*) FROM pg_replication_slots WHERE database = current_database()`) == 2 &&
+				e.queryInt(`SELECT count(*) FROM pg_replication_slots WHERE database = current_database()
+  AND slot_name LIKE '%\_group\_default' AND active`) == 1
+		})
+		// The lag probe reads the position column too.
+		if p.logText("lag probe failed") > 0 {
+			t.Errorf("%s: the lag probe failed on this table", step)
+		}
+	}
+	checkProjection = func(step string, p *node, projection, rm string) {
+		t.Helper()
+		waitFor(t, 2*time.Minute, step+": every event accounted for", func() bool {
+			p.requireRunning()
+			return e.queryInt(fmt.Sprintf(`SELECT (SELECT count(*) FROM %s) - coalesce((SELECT sum(applied + skipped + dead_lettered)
+FROM pgscribe.cursors WHERE projection = $1 AND version = 1), 0)::bigint`, table), projection) == 0
+		})
 		want := `WITH ev AS (` + sh.view + `)
 SELECT stream_id, count(*)::bigint AS events, coalesce(sum((d ->> 'amount')::bigint), 0)::bigint AS amount,
   (array_agg(t ORDER BY sp DESC))[1] AS last_type, max(sp)::bigint AS last_stream_position,
   (array_agg(p ORDER BY sp DESC))[1]::bigint AS last_position, (array_agg(i ORDER BY sp DESC))[1] AS last_id,
   (array_agg(u ORDER BY sp DESC))[1] AS last_user, (array_agg(o ORDER BY sp DESC))[1] AS last_occurred
 FROM ev GROUP BY stream_id`
-		got := `SELECT stream_id, events, amount, last_type, last_stream_position, last_position, last_id, last_user, last_occurred FROM rm_streams`
+		got := `SELECT stream_id, events, amount, last_type, last_stream_position, last_position, last_id, last_user, last_occurred FROM ` + rm
 		diff := e.queryInt(`WITH want AS (` + want + `), got AS (` + got + `)
 SELECT (SELECT count(*) FROM (SELECT * FROM want EXCEPT SELECT * FROM got) a) + (SELECT count(*) FROM (SELECT * FROM got EXCEPT SELECT * FROM want) b)`)
 		if diff != 0 {
@@ -313,12 +356,8 @@ SELECT 'got', g::text FROM (SELECT * FROM got EXCEPT SELECT * FROM want) g ORDER
 				rows.Close()
 			}
 		}
-		if n := e.queryInt(`SELECT count(*) FROM rm_streams`); n == 0 {
+		if n := e.queryInt(`SELECT count(*) FROM ` + rm); n == 0 {
 			t.Errorf("%s: empty read model", step)
-		}
-		// The lag probe reads the position column too.
-		if p.logText("lag probe failed") > 0 {
-			t.Errorf("%s: the lag probe failed on this table", step)
 		}
 	}
 
