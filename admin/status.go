@@ -65,6 +65,10 @@ type StatusReport struct {
 	// projection version uses, typically one left by a version that was
 	// bumped: it retains WAL until `pgscribe reset` drops it.
 	Unconfigured []UnconfiguredSlot `json:"unconfigured_slots"`
+	// UnconfiguredMembers lists the versions that are not configured yet
+	// whose watermark is recorded on a group's slot: each holds that slot's
+	// WAL back at its watermark until `pgscribe retire` or `reset`.
+	UnconfiguredMembers []UnconfiguredMember `json:"unconfigured_members"`
 	// Served lists, per projection that `pgscribe promote` promoted, the
 	// version its stable names read, configured or not.
 	Served []Served `json:"served"`
@@ -79,6 +83,42 @@ type UnconfiguredSlot struct {
 	Group            string `json:"group,omitempty"` // a group's slot, when Projection is empty
 	ActivePID        int32  `json:"active_pid,omitempty"`
 	WALRetainedBytes *int64 `json:"wal_retained_bytes"`
+}
+
+// UnconfiguredMember is a version not in the configuration whose watermark
+// is recorded on a group's slot.
+type UnconfiguredMember struct {
+	Projection string `json:"projection"`
+	Version    int64  `json:"version"`
+	Slot       string `json:"slot"`
+	LSN        string `json:"watermark_lsn"`
+}
+
+// unconfiguredMembers reads the versions recorded on a slot of this
+// configuration's groups (<prefix>_group_…) that cfg does not configure.
+func unconfiguredMembers(ctx context.Context, q event.Querier, schema, prefix string, cfg *config.Config) ([]UnconfiguredMember, error) {
+	projs, versions := make([]string, len(cfg.Projections)), make([]int64, len(cfg.Projections))
+	for i, spec := range cfg.Projections {
+		projs[i], versions[i] = spec.Name, spec.Version
+	}
+	rows, err := q.Query(ctx, `SELECT w.projection, w.version, w.slot_name, coalesce(w.lsn::text, '')
+FROM `+pgx.Identifier{schema, "watermarks"}.Sanitize()+` AS w
+WHERE starts_with(w.slot_name, $1)
+  AND NOT EXISTS (SELECT 1 FROM unnest($2::text[], $3::bigint[]) AS c (projection, version)
+                  WHERE c.projection = w.projection AND c.version = w.version)
+ORDER BY w.slot_name, w.projection, w.version`, prefix+"_group_", projs, versions)
+	if err != nil {
+		return nil, fmt.Errorf("read watermarks on group slots: %w", err)
+	}
+	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (UnconfiguredMember, error) {
+		var m UnconfiguredMember
+		err := r.Scan(&m.Projection, &m.Version, &m.Slot, &m.LSN)
+		return m, err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("read watermarks on group slots: %w", err)
+	}
+	return append([]UnconfiguredMember{}, out...), nil
 }
 
 // ProjectionStatus is the state of one projection version. Pointer fields
@@ -308,7 +348,7 @@ func Status(ctx context.Context, cfg *config.Config) (*StatusReport, error) {
 		return nil, err
 	}
 
-	rep := &StatusReport{Projections: []ProjectionStatus{}, Unconfigured: []UnconfiguredSlot{}, Served: []Served{}}
+	rep := &StatusReport{Projections: []ProjectionStatus{}, Unconfigured: []UnconfiguredSlot{}, UnconfiguredMembers: []UnconfiguredMember{}, Served: []Served{}}
 	served, err := loadServed(ctx, c.target, schema)
 	if err != nil {
 		return nil, err
@@ -344,6 +384,9 @@ func Status(ctx context.Context, cfg *config.Config) (*StatusReport, error) {
 		return nil, err
 	}
 	if rep.Unconfigured, err = unconfiguredSlots(ctx, c.source, rep.SourceWAL, cfg.Source.SlotPrefix, names); err != nil {
+		return nil, err
+	}
+	if rep.UnconfiguredMembers, err = unconfiguredMembers(ctx, c.target, schema, cfg.Source.SlotPrefix, cfg); err != nil {
 		return nil, err
 	}
 
@@ -648,6 +691,12 @@ func (r *StatusReport) WriteText(w io.Writer) error {
 				u.Slot, u.Projection, u.Version, formatBytesPtr(u.WALRetainedBytes), u.Projection, u.Version)
 		}
 		if err != nil {
+			return err
+		}
+	}
+	for _, m := range r.UnconfiguredMembers {
+		if _, err := fmt.Fprintf(w, "%s v%d, which is not configured, is recorded on group slot %q at %s and holds its WAL back there: pgscribe retire -projection %s -version %d (or reset) releases it\n",
+			m.Projection, m.Version, m.Slot, orDash(m.LSN), m.Projection, m.Version); err != nil {
 			return err
 		}
 	}

@@ -153,14 +153,16 @@ func TestStatusReportOutput(t *testing.T) {
 				BacklogEvents: 6, Backfill: &BackfillStatus{Total: 10, Done: 4, Percent: 40, ETASeconds: ptr(12.0)},
 				Notes: []string{"a note"}},
 		},
-		Unconfigured: []UnconfiguredSlot{{Slot: "pgscribe_balances_v7", Projection: "balances", Version: 7, WALRetainedBytes: ptr(int64(4096))}}}
+		Unconfigured:        []UnconfiguredSlot{{Slot: "pgscribe_balances_v7", Projection: "balances", Version: 7, WALRetainedBytes: ptr(int64(4096))}},
+		UnconfiguredMembers: []UnconfiguredMember{{Projection: "stats", Version: 3, Slot: "pgscribe_group_default", LSN: "0/1800000"}}}
 	var text bytes.Buffer
 	if err := rep.WriteText(&text); err != nil {
 		t.Fatal(err)
 	}
 	for _, want := range []string{"balances v1", "live", "n1", "0/2000000", "2.0 KiB", "1.0 MiB",
 		"audit v2", "backfilling", "40.0% (4/10) eta 12s", "audit v2: a note", "events: 10",
-		`slot "pgscribe_balances_v7" of balances v7, which is not configured, retains 4.0 KiB of WAL: pgscribe reset -projection balances -version 7 drops it`} {
+		`slot "pgscribe_balances_v7" of balances v7, which is not configured, retains 4.0 KiB of WAL: pgscribe reset -projection balances -version 7 drops it`,
+		`stats v3, which is not configured, is recorded on group slot "pgscribe_group_default" at 0/1800000 and holds its WAL back there: pgscribe retire -projection stats -version 3 (or reset) releases it`} {
 		if !strings.Contains(text.String(), want) {
 			t.Errorf("text output lacks %q:\n%s", want, text.String())
 		}

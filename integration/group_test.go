@@ -748,8 +748,30 @@ func TestGroupShrinkToOne(t *testing.T) {
 		t.Errorf("the group's slot (exists %v) confirmed at %s, want it kept at or below stream_stats's watermark %s", ok, c, statsHeld.lsn)
 	}
 
+	// status names it: a version no longer configured that holds the
+	// group's slot back, and the command that releases it.
+	res := runCLI(t, pgscribeBinary(t), "status", "-config", r.config, "-json")
+	var held struct {
+		Members []struct {
+			Projection string `json:"projection"`
+			Version    int64  `json:"version"`
+			Slot       string `json:"slot"`
+		} `json:"unconfigured_members"`
+	}
+	if err := json.Unmarshal([]byte(res.stdout), &held); err != nil {
+		t.Fatalf("status -json: %v\n%s", err, res)
+	}
+	if len(held.Members) != 1 || held.Members[0].Projection != stats.name || held.Members[0].Version != int64(stats.version) || held.Members[0].Slot != gslot {
+		t.Errorf("status -json unconfigured_members = %+v, want %s v%d on %s", held.Members, stats.name, stats.version, gslot)
+	}
+	res = runCLI(t, pgscribeBinary(t), "status", "-config", r.config)
+	if want := fmt.Sprintf("%s v%d, which is not configured, is recorded on group slot %q", stats.name, stats.version, gslot); !strings.Contains(res.stdout, want) ||
+		!strings.Contains(res.stdout, fmt.Sprintf("pgscribe retire -projection %s -version %d", stats.name, stats.version)) {
+		t.Errorf("status does not name the unconfigured member holding the group's slot (want %q):\n%s", want, res.stdout)
+	}
+
 	s.terminate(time.Minute)
-	res := runCLI(t, pgscribeBinary(t), "retire", "-config", r.config, "-projection", stats.name, "-version", fmt.Sprint(stats.version))
+	res = runCLI(t, pgscribeBinary(t), "retire", "-config", r.config, "-projection", stats.name, "-version", fmt.Sprint(stats.version))
 	if res.code != 0 {
 		t.Fatalf("retire %s: %s", stats.name, res)
 	}
