@@ -20,9 +20,10 @@ import (
 // their batches did at 1k events/s (bench W7), and then about 36% of the
 // engine's statements: a fence check, a SET and an upsert per save. So the
 // saver commits at most once per publishGap, with every save waiting then,
-// in four statements whatever the number of members: one fence check of
-// every member's lease (leader.CheckAllStatement), one upsert of every
-// member's row (cursor.SaveWatermarksStatement). When that fails (a member
+// in five statements whatever the number of members: BEGIN, one fence
+// check of every member's lease (leader.CheckAllStatement), SET LOCAL
+// synchronous_commit, one upsert of every member's row
+// (cursor.SaveWatermarksStatement), COMMIT. When that fails (a member
 // was fenced), each save is retried alone with its own lease's check, so
 // one member's lost lease never fails another's save. A member's save
 // waits up to publishGap for the next commit, which then paces its saves
