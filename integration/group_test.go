@@ -528,14 +528,21 @@ func TestGroupMemberHaltedOthersContinue(t *testing.T) {
 	waitAccounted(t, e.pool, waitLong, "g2", 1, p.broken)
 	rejoined(t, e, p, mark, "g2", held)
 	// Both on the shared stream again: new events reach both.
+	bothOnStream(t, e, p, g1, g2)
+	waitMetric(t, p, "pgscribe_halted", "g2", 0, 10*time.Second)
+	p.stop()
+}
+
+// bothOnStream appends 100 events over 7 streams once a detached member
+// rejoined, and checks both members exact: new events reach both.
+func bothOnStream(t *testing.T, e *faultEnv, p *node, g1, g2 faultProjection) {
+	t.Helper()
 	evs := make([]faultEvent, 0, 100)
 	for i := range 100 {
 		evs = append(evs, ev(fmt.Sprintf("x-%d", i%7), "Tick", int64(10000+i)))
 	}
 	e.appendEvents(t, evs...)
 	e.verifyClean(t, p, g1, g2)
-	waitMetric(t, p, "pgscribe_halted", "g2", 0, 10*time.Second)
-	p.stop()
 }
 
 // TestGroupMemberPausedOthersContinue: `pgscribe pause` of g2 detaches it
@@ -548,14 +555,17 @@ func TestGroupMemberPausedOthersContinue(t *testing.T) {
 	e, p, g1, g2 := gEnv(t)
 	w := groupWriter(t, e.dsn, 4, 5*time.Millisecond)
 	waitFor(t, waitLong, "g2 to apply the writer's events", func() bool { return e.accounted(t, "g2") > 400 })
+	paused := p.mark()
 	e.operate(t, 0, "pause", "-projection", "g2", "-version", "1", "-reason", "group test")
 	waitMetric(t, p, "pgscribe_paused", "g2", 1, 10*time.Second)
 	if v := p.metric("pgscribe_paused", projLabels("g1")); v != 0 {
 		t.Errorf("g1 paused too: pgscribe_paused = %v", v)
 	}
-	// The pause ends the session the way a graceful stop does; let its
-	// final watermark land.
-	time.Sleep(time.Second) // settle: the paused session's last save, not a condition anything reports
+	// The pause ends the session the way a graceful stop does, with its
+	// final watermark saved; the version logs that it holds paused after.
+	waitUntil(t, waitLong, "g2's session ended by the pause", func(context.Context) (bool, error) {
+		return p.countLogAfter(paused, logMsg("paused by an operator: holding the lock", "g2")) > 0, nil
+	}, p.broken)
 	held := detachedHolds(t, e, w, "g2", "g1", 3*time.Second)
 
 	// kill -9 while g2 is paused: the restarted node runs g1 from the
@@ -578,12 +588,7 @@ func TestGroupMemberPausedOthersContinue(t *testing.T) {
 	waitAccounted(t, e.pool, waitLong, "g2", 1, p.broken)
 	waitMetric(t, p, "pgscribe_paused", "g2", 0, 10*time.Second)
 	rejoined(t, e, p, mark, "g2", held)
-	evs := make([]faultEvent, 0, 100)
-	for i := range 100 {
-		evs = append(evs, ev(fmt.Sprintf("x-%d", i%7), "Tick", int64(10000+i)))
-	}
-	e.appendEvents(t, evs...)
-	e.verifyClean(t, p, g1, g2)
+	bothOnStream(t, e, p, g1, g2)
 	p.stop()
 }
 
