@@ -300,17 +300,10 @@ func groupNotAhead(t *testing.T, r *rig, a *appender, what string, projs ...core
 		if err != nil {
 			t.Fatal(err)
 		}
-		for _, tx := range a.committedTxns() {
-			if tx.upper > confirmed {
-				continue
-			}
-			covered++
-			for _, e := range tx.events {
-				if cursors[e.stream] < e.position {
-					t.Fatalf("%s: %s's slot %s confirmed at %s past an unapplied event %s/%d (committed by %s, cursor at %d)",
-						what, p.name, w.slot, confirmed, e.stream, e.position, tx.upper, cursors[e.stream])
-				}
-			}
+		n, violations := unappliedBelow(a.committedTxns(), cursors, confirmed)
+		covered += n
+		if len(violations) > 0 {
+			t.Fatalf("%s: %s's slot %s confirmed past %d unapplied events: %s", what, p.name, w.slot, len(violations), strings.Join(violations, "; "))
 		}
 	}
 	return covered

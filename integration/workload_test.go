@@ -562,7 +562,16 @@ func (r *rig) confirmedAhead(ctx context.Context, p coreProjection, a *appender)
 	if err != nil {
 		return 0, nil, err
 	}
-	for _, tx := range a.committedTxns() {
+	covered, violations = unappliedBelow(a.committedTxns(), cursors, confirmed)
+	return covered, violations, nil
+}
+
+// unappliedBelow is guarantee 7's oracle: of the appended transactions
+// known to have committed at or below confirmed (an LSN read after the
+// commit is), how many there are, and each of their events the cursors
+// (stream → stream_position) do not account for.
+func unappliedBelow(txns []appendedTxn, cursors map[string]int64, confirmed pglogrepl.LSN) (covered int, violations []string) {
+	for _, tx := range txns {
 		if tx.upper > confirmed {
 			continue
 		}
@@ -574,7 +583,7 @@ func (r *rig) confirmedAhead(ctx context.Context, p coreProjection, a *appender)
 			}
 		}
 	}
-	return covered, violations, nil
+	return covered, violations
 }
 
 // checkNotAhead runs confirmedAhead for every projection of the rig,
