@@ -524,6 +524,9 @@ func (b *bench) w7LiveRun(ctx context.Context, k int, slow bool) (w7Live, *w7Slo
 		return w7Live{}, nil, err
 	}
 	say("%s: worst projection's p99 %.1f ms", what, row.WorstP99)
+	if err := latencySeconds(ctx, lv.db, lv.tables, lv.lo, lv.hi, filepath.Join(b.opts.rawDir, strings.ToLower(id)+"-seconds.csv")); err != nil {
+		return w7Live{}, nil, err
+	}
 	if sl != nil {
 		if err := sl.fill(ctx, lv, row, targets, behind, lv.total-total0); err != nil {
 			return w7Live{}, nil, err
@@ -646,6 +649,41 @@ GROUP BY GROUPING SETS ((t), ())`, lo, hi)
 		return fmt.Errorf("latency: %d read-model rows for %d events in %d tables", measured, want, len(tables))
 	}
 	return nil
+}
+
+// latencySeconds writes the step's latency per second of event commit, the
+// rows of every table pooled: a p99 made of a few stalls (a burst of slow
+// seconds) reads differently from one made of queueing (every second's
+// p99 high).
+func latencySeconds(ctx context.Context, db *database, tables []string, lo, hi int64, path string) error {
+	parts := make([]string, len(tables))
+	for i, t := range tables {
+		parts[i] = fmt.Sprintf(`SELECT pg_xact_commit_timestamp(e.xmin) AS at,
+  extract(epoch FROM pg_xact_commit_timestamp(a.xmin) - pg_xact_commit_timestamp(e.xmin)) * 1000 AS ms
+  FROM events e JOIN %s a ON a.event_id = e.id WHERE e.position > $1 AND e.position <= $2`, pgx.Identifier{t}.Sanitize())
+	}
+	rows, err := db.pool.Query(ctx, `
+SELECT to_char(date_trunc('second', at) AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS"Z"'), count(*),
+  percentile_cont(0.5) WITHIN GROUP (ORDER BY ms), percentile_cont(0.99) WITHIN GROUP (ORDER BY ms), max(ms)
+FROM (`+strings.Join(parts, "\nUNION ALL\n")+`) l GROUP BY 1 ORDER BY 1`, lo, hi)
+	if err != nil {
+		return fmt.Errorf("latency per second: %w", err)
+	}
+	var (
+		sb            strings.Builder
+		second        string
+		n             int64
+		p50, p99, top float64
+	)
+	sb.WriteString("second,rows,p50_ms,p99_ms,max_ms\n")
+	_, err = pgx.ForEachRow(rows, []any{&second, &n, &p50, &p99, &top}, func() error {
+		fmt.Fprintf(&sb, "%s,%d,%.2f,%.2f,%.2f\n", second, n, p50, p99, top)
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("latency per second: %w", err)
+	}
+	return os.WriteFile(path, []byte(sb.String()), 0o644)
 }
 
 // markdown renders W7's two tables.
