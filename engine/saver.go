@@ -73,6 +73,7 @@ func (sv *saver) run(ctx context.Context) {
 		sv.mu.Lock()
 		if sv.pool != nil {
 			sv.pool.Close()
+			sv.pool = nil // a later run opens its own
 		}
 		sv.mu.Unlock()
 	}()
