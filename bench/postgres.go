@@ -89,11 +89,10 @@ func startServer(ctx context.Context, mode string, extra map[string]string, logf
 // warmWAL gives a fresh server what a server that has been running has:
 // WAL segments recycled by a checkpoint, ready for reuse. A fresh cluster
 // has none, so each segment its workloads fill is created anew, zeroed
-// (wal_init_zero) and synced while committing backends wait on it: with 8
-// projections live at 1,000 events/s that was a stall of 50–80 ms every
-// ~3.5 s, the largest part of W7's p99, and not what production sees.
-// Filling warmSegments segments (a switch after a one-record write) and
-// checkpointing renames them into the segments to come.
+// (wal_init_zero) and synced while committing backends wait on it, which
+// a server in production rarely does. Filling warmSegments segments (a
+// switch after a one-record write) and checkpointing renames them into
+// the segments to come.
 func warmWAL(ctx context.Context, conn *pgx.Conn) error {
 	for range warmSegments {
 		if _, err := conn.Exec(ctx, "SELECT pg_logical_emit_message(false, 'pgscribe-bench', 'warm'), pg_switch_wal()"); err != nil {
