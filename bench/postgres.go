@@ -64,9 +64,13 @@ func startServer(ctx context.Context, mode string, extra map[string]string, logf
 		_ = srv.Stop(context.WithoutCancel(ctx))
 		return nil, err
 	}
-	if err := warmWAL(ctx, conn); err != nil {
-		_ = srv.Stop(context.WithoutCancel(ctx))
-		return nil, err
+	// A server the bench started; a given one (PGSCRIBE_TEST_DATABASE_URL)
+	// is measured as it is.
+	if srv.Mode() != pgtest.ModeExternal {
+		if err := warmWAL(ctx, conn); err != nil {
+			_ = srv.Stop(context.WithoutCancel(ctx))
+			return nil, err
+		}
 	}
 	names := []string{"fsync", "synchronous_commit", "shared_buffers", "max_wal_size", "min_wal_size", "wal_level",
 		"track_commit_timestamp", "logical_decoding_work_mem", "work_mem"}

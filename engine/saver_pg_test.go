@@ -84,6 +84,18 @@ func TestSaverFencedMemberDoesNotFailTheOthers(t *testing.T) {
 		return w, ok
 	}
 
+	// writers returns how many transactions wrote the rows of the named
+	// members (their xmin).
+	writers := func(members ...string) int {
+		t.Helper()
+		var n int
+		err := admin.QueryRow(ctx, `SELECT count(DISTINCT xmin::text) FROM pgscribe.watermarks WHERE projection = ANY($1)`, members).Scan(&n)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+
 	// Every lease valid: the one transaction stores all three.
 	for i, err := range saveAll("0/1000", 10) {
 		if err != nil {
@@ -92,6 +104,10 @@ func TestSaverFencedMemberDoesNotFailTheOthers(t *testing.T) {
 		if w, ok := stored(i); !ok || w.LSN.String() != "0/1000" || w.Position != 10 {
 			t.Fatalf("%s stored %+v (row %v), want 0/1000 at position 10", names[i], w, ok)
 		}
+	}
+
+	if n := writers("a", "b", "c"); n != 1 {
+		t.Fatalf("the three saves were written by %d transactions, want one", n)
 	}
 
 	// b's lease is taken over (another node's bump of its epoch).
@@ -117,5 +133,9 @@ func TestSaverFencedMemberDoesNotFailTheOthers(t *testing.T) {
 				t.Fatalf("%s stored %s at %d, want 0/2000 at 20", names[i], w.LSN, w.Position)
 			}
 		}
+	}
+	// After the combined transaction failed, a and c were each saved alone.
+	if n := writers("a", "c"); n != 2 {
+		t.Fatalf("a and c were written by %d transactions after the fallback, want 2 (each alone)", n)
 	}
 }
