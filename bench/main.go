@@ -97,7 +97,7 @@ func parseFlags(args []string) (options, error) {
 	fs.DurationVar(&o.w4Tick, "w4-tick", 10*time.Millisecond, "W4: each producer commits what is due every tick")
 	fs.Int64Var(&o.w5TxEvents, "w5-tx-events", 100, "W5: events per appended transaction while the engine is stopped")
 	fs.Int64Var(&o.w7Events, "w7-events", 200_000, "W7: events appended while the engine is stopped, caught up by N projections (before -scale)")
-	fs.IntVar(&o.w7Repeat, "w7-repeat", 3, "W7: runs of each catch-up N (in rounds of every N); each N's figures are its median run")
+	fs.IntVar(&o.w7Repeat, "w7-repeat", 3, "W7: runs of each catch-up and live N (in rounds of every N); each N's figures are its median run")
 	w7Counts := fs.String("w7-counts", "1,4,8", "W7: the numbers of projections whose WAL catch-up is measured")
 	w7Live := fs.String("w7-live", "1,8", "W7: the numbers of projections whose live latency is measured")
 	fs.IntVar(&o.w7Rate, "w7-rate", 1000, "W7: producer rate of the live step, events/s")

@@ -178,6 +178,7 @@ type w7Live struct {
 	Projections int        `json:"projections"`
 	Step        LatencyRow `json:"step"` // P50/P99/Max pooled over all projections' rows; WorstP99 the worst projection's
 	P99VsOne    float64    `json:"p99_vs_one"`
+	RunsP99     []float64  `json:"runs_p99_ms,omitempty"` // every run's pooled p99, in order (-w7-repeat)
 }
 
 // w7Block is the configuration of W7 projection i: kind "p" counts events
@@ -337,18 +338,42 @@ func (b *bench) w7(ctx context.Context) error {
 			}
 		}
 	}
+	// Live steps in rounds as well: one 60 s step's p99 moves by 10% and
+	// more between back-to-back runs of the same binary.
+	type liveRun struct {
+		l  w7Live
+		sl *w7Slow
+	}
+	live := map[int][]liveRun{}
+	for round := range o.w7Repeat {
+		for _, k := range o.w7Live {
+			if o.w7Repeat > 1 {
+				say("W7: live round %d of %d", round+1, o.w7Repeat)
+			}
+			l, sl, err := b.w7LiveRun(ctx, k, false)
+			if err != nil {
+				return fmt.Errorf("live with %d projections: %w", k, err)
+			}
+			live[k] = append(live[k], liveRun{l, sl})
+		}
+	}
 	for _, k := range o.w7Live {
-		l, sl, err := b.w7LiveRun(ctx, k, false)
-		if err != nil {
-			return fmt.Errorf("live with %d projections: %w", k, err)
+		runs, done := live[k]
+		if !done {
+			continue
 		}
-		f.Live = append(f.Live, l)
-		if sl != nil {
-			f.Slow = append(f.Slow, *sl)
+		delete(live, k)
+		m := medianBy(runs, func(r liveRun) float64 { return r.l.Step.P99 })
+		for _, r := range runs {
+			m.l.RunsP99 = append(m.l.RunsP99, r.l.Step.P99)
 		}
-		if err := b.write(); err != nil {
-			return err
+		f.Live = append(f.Live, m.l)
+		if m.sl != nil {
+			f.Slow = append(f.Slow, *m.sl)
 		}
+	}
+	if err := b.write(); err != nil {
+		return err
 	}
 	if w7SlowSummary(o) != "" {
 		_, sl, err := b.w7LiveRun(ctx, w7SlowN, true)
@@ -427,9 +452,7 @@ func (b *bench) w7CatchUp(ctx context.Context, w *Workload, hist history, k int)
 // w7Median returns the run of median catch-up time (the lower middle of an
 // even number), with every run's time in Runs.
 func w7Median(runs []w7CatchUp) w7CatchUp {
-	sorted := slices.Clone(runs)
-	slices.SortStableFunc(sorted, func(a, b w7CatchUp) int { return cmp.Compare(a.Seconds, b.Seconds) })
-	m := sorted[(len(sorted)-1)/2]
+	m := medianBy(runs, func(c w7CatchUp) float64 { return c.Seconds })
 	m.Runs = nil
 	for _, r := range runs {
 		m.Runs = append(m.Runs, r.Seconds)
@@ -710,13 +733,9 @@ func (f *w7Figures) markdown(p func(string, ...any)) {
 		p("| projections | catch-up s | vs one | engine CPU µs per event·projection | PG CPU µs per event·projection | vs one | peak RSS MB | other cores | read models identical | load | runs s |")
 		p("|--:|--:|--:|--:|--:|--:|--:|--:|---|---|---|")
 		for _, c := range f.CatchUp {
-			runs := make([]string, len(c.Runs))
-			for i, r := range c.Runs {
-				runs[i] = fmt.Sprintf("%.2f", r)
-			}
 			p("| %d | %.2f (%.2f) | %s | %.1f | %s | %s | %.1f | %s | %s | %s | %s |", c.Projections, c.Seconds, c.FirstSeconds,
 				vs(c.SecondsVsOne), c.CPUPerEventProj, optFloat(c.PGPerEventProj), vs(c.PGVsOne), c.PeakRSSMB,
-				optCores(c.OtherCores), w7Identical(c.DifferingRows), c.Load, strings.Join(runs, ", "))
+				optCores(c.OtherCores), w7Identical(c.DifferingRows), c.Load, joinFloats(c.Runs, "%.2f"))
 		}
 		p("")
 	}
@@ -727,13 +746,18 @@ func (f *w7Figures) markdown(p func(string, ...any)) {
 			"single projection's rows. CPU is µs per event (not per projection), over the step and its catch-up.",
 			thousands(int64(f.LiveRate)))
 		p("")
-		p("| projections | events | achieved events/s | p50 ms | p99 ms | p99 vs one | worst projection p99 ms | max ms | CPU µs/event | PG CPU µs/event | load |")
-		p("|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|---|")
+		if len(f.Live[0].RunsP99) > 1 {
+			p("Each N ran %d times, in rounds of every N; each row is that N's run with the median p99, *runs p99* every "+
+				"run's in order.", len(f.Live[0].RunsP99))
+			p("")
+		}
+		p("| projections | events | achieved events/s | p50 ms | p99 ms | p99 vs one | worst projection p99 ms | max ms | CPU µs/event | PG CPU µs/event | load | runs p99 ms |")
+		p("|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|---|---|")
 		for _, l := range f.Live {
 			s := l.Step
-			p("| %d | %s | %s | %.1f | %.1f | %s | %.1f | %.1f | %.1f | %s | %s |", l.Projections, thousands(s.Events),
+			p("| %d | %s | %s | %.1f | %.1f | %s | %.1f | %.1f | %.1f | %s | %s | %s |", l.Projections, thousands(s.Events),
 				thousands(int64(s.Achieved)), s.P50, s.P99, vs(l.P99VsOne), s.WorstP99, s.Max, s.CPUPerEvent,
-				optFloat(s.PGCPUPerEvent), s.Load)
+				optFloat(s.PGCPUPerEvent), s.Load, joinFloats(l.RunsP99, "%.1f"))
 		}
 		p("")
 	}
@@ -800,6 +824,23 @@ func w7Identical(diff []int64) string {
 		return fmt.Sprintf("identical (%d of %d)", len(diff), len(diff))
 	}
 	return "**differ** (" + strings.Join(bad, ", ") + ")"
+}
+
+// medianBy returns the run whose key is the median (the lower one of an
+// even number of runs).
+func medianBy[T any](runs []T, key func(T) float64) T {
+	sorted := slices.Clone(runs)
+	slices.SortStableFunc(sorted, func(a, b T) int { return cmp.Compare(key(a), key(b)) })
+	return sorted[(len(sorted)-1)/2]
+}
+
+// joinFloats formats each of v with format, comma-separated.
+func joinFloats(v []float64, format string) string {
+	s := make([]string, len(v))
+	for i, f := range v {
+		s[i] = fmt.Sprintf(format, f)
+	}
+	return strings.Join(s, ", ")
 }
 
 func joinInts(v []int) string {
