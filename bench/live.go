@@ -159,6 +159,7 @@ func (b *bench) liveStep(ctx context.Context, lv *liveRun, rate int, paired *flo
 		return row, err
 	}
 	row.Achieved = float64(sent) / time.Since(start).Seconds()
+	row.AppCommitP50, row.AppCommitP99 = lv.prod.commitPercentiles()
 	pos1, err := maxPosition(ctx, lv.db)
 	if err != nil {
 		return row, err
@@ -346,6 +347,7 @@ type producer struct {
 	seq     int64     // events appended so far (for payloads)
 	poison  float64   // share of deposits and withdrawals with a reference too long for varchar(40)
 	mu      sync.Mutex
+	commits [][]time.Duration // per connection: each append's round trip (insert and commit) in the last run
 }
 
 func newProducer(ctx context.Context, db *database, conns int, streams int64, tick time.Duration) (*producer, error) {
@@ -373,12 +375,28 @@ func (p *producer) close(ctx context.Context) {
 	}
 }
 
+// commitPercentiles returns the p50 and p99 of the last run's appends,
+// every connection's pooled, in ms.
+func (p *producer) commitPercentiles() (p50, p99 float64) {
+	var all []time.Duration
+	for _, c := range p.commits {
+		all = append(all, c...)
+	}
+	if len(all) == 0 {
+		return 0, 0
+	}
+	slices.Sort(all)
+	at := func(q float64) float64 { return float64(all[int(q*float64(len(all)-1))]) / float64(time.Millisecond) }
+	return at(0.5), at(0.99)
+}
+
 // run appends rate events/s for d and returns how many it appended.
 func (p *producer) run(ctx context.Context, rate int, d time.Duration) (int64, error) {
 	share := float64(rate) / float64(len(p.conns))
 	start := time.Now()
 	sent := make([]int64, len(p.conns))
 	errs := make([]error, len(p.conns))
+	p.commits = make([][]time.Duration, len(p.conns))
 	var wg sync.WaitGroup
 	for k := range p.conns {
 		wg.Add(1)
@@ -395,10 +413,12 @@ func (p *producer) run(ctx context.Context, rate int, d time.Duration) (int64, e
 				}
 				el := min(time.Since(start), d)
 				if due := int64(share*el.Seconds()) - sent[k]; due > 0 {
+					began := time.Now()
 					if err := p.append(ctx, k, due); err != nil {
 						errs[k] = err
 						return
 					}
+					p.commits[k] = append(p.commits[k], time.Since(began))
 					sent[k] += due
 				}
 				if el >= d {

@@ -104,8 +104,12 @@ type LatencyRow struct {
 	PGCPUPerEvent float64 `json:"pg_cpu_us_per_event"`
 	PeakRSSMB     float64 `json:"peak_rss_mb"`
 	OtherCores    float64 `json:"other_cores"`
-	Paired        *Paired `json:"paired,omitempty"`
-	Load          string  `json:"load"`
+	// The producer's own commits over the step (its INSERT of a tick's
+	// events, autocommitted: what the application sees), ms.
+	AppCommitP50 float64 `json:"app_commit_p50_ms,omitempty"`
+	AppCommitP99 float64 `json:"app_commit_p99_ms,omitempty"`
+	Paired       *Paired `json:"paired,omitempty"`
+	Load         string  `json:"load"`
 }
 
 // Paired is a W4 rate run again with a consumer that only receives

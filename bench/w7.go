@@ -176,7 +176,8 @@ type w7CatchUp struct {
 // w7Live is one N of W7's live part.
 type w7Live struct {
 	Projections int        `json:"projections"`
-	Step        LatencyRow `json:"step"` // P50/P99/Max pooled over all projections' rows; WorstP99 the worst projection's
+	Rules       int        `json:"rules,omitempty"` // > 0: one projection with this many rules (-w7-rules), not Projections of one each
+	Step        LatencyRow `json:"step"`            // P50/P99/Max pooled over all projections' rows; WorstP99 the worst projection's
 	P99VsOne    float64    `json:"p99_vs_one"`
 	RunsP99     []float64  `json:"runs_p99_ms,omitempty"` // every run's pooled p99, in order (-w7-repeat)
 }
@@ -186,8 +187,19 @@ type w7Live struct {
 func w7Block(kind string, i int) string {
 	name := fmt.Sprintf("w7%s%d", kind, i)
 	head := fmt.Sprintf("[[projection]]\n# %s: one of W7's identical projections (bench/w7.go).\nname     = %q\nversion  = 1\non_error = \"dead_letter\"\n\n", name, name)
-	if kind == "l" {
+	switch kind {
+	case "l":
 		return head + w7Record(i)
+	case "r":
+		var sb strings.Builder
+		sb.WriteString(head)
+		for j := 1; j <= i; j++ {
+			if j > 1 {
+				sb.WriteString("\n")
+			}
+			sb.WriteString(strings.Replace(w7Record(j), `"record"`, fmt.Sprintf(`"record_%d"`, j), 1))
+		}
+		return sb.String()
 	}
 	return head + fmt.Sprintf(`  [[projection.rule]]
   name  = "count"
@@ -261,6 +273,10 @@ func w7DDL(targets []target) string {
 		case !ok:
 		case kind == "l" || kind == "s":
 			fmt.Fprintf(&sb, "\nCREATE TABLE IF NOT EXISTS w7_live_%d (event_id uuid PRIMARY KEY, stream_id text NOT NULL);", i)
+		case kind == "r":
+			for j := 1; j <= i; j++ {
+				fmt.Fprintf(&sb, "\nCREATE TABLE IF NOT EXISTS w7_live_%d (event_id uuid PRIMARY KEY, stream_id text NOT NULL);", j)
+			}
 		default:
 			fmt.Fprintf(&sb, "\nCREATE TABLE IF NOT EXISTS w7_counts_%d (stream_id text PRIMARY KEY, n bigint NOT NULL, last_type text NOT NULL);", i)
 		}
@@ -268,10 +284,11 @@ func w7DDL(targets []target) string {
 	return sb.String()
 }
 
-// w7Projection parses a W7 projection name: w7p<i>, w7l<i> or w7s<i>.
+// w7Projection parses a W7 projection name: w7p<i>, w7l<i>, w7s<i> or
+// w7r<n> (one projection of n rules).
 func w7Projection(name string) (kind string, i int, ok bool) {
 	rest, found := strings.CutPrefix(name, "w7")
-	if !found || len(rest) < 2 || !strings.ContainsRune("pls", rune(rest[0])) {
+	if !found || len(rest) < 2 || !strings.ContainsRune("plsr", rune(rest[0])) {
 		return "", 0, false
 	}
 	i, err := strconv.Atoi(rest[1:])
@@ -344,25 +361,41 @@ func (b *bench) w7(ctx context.Context) error {
 		l  w7Live
 		sl *w7Slow
 	}
+	// A step is keyed by its k, negative for one projection of k rules
+	// (-w7-rules), which runs right after the k projections' step.
 	live := map[int][]liveRun{}
+	var order []int
 	for round := range o.w7Repeat {
 		for _, k := range o.w7Live {
 			if o.w7Repeat > 1 {
 				say("W7: live round %d of %d", round+1, o.w7Repeat)
 			}
-			l, sl, err := b.w7LiveRun(ctx, k, false)
-			if err != nil {
-				return fmt.Errorf("live with %d projections: %w", k, err)
+			steps := []w7Variant{w7Plain}
+			if o.w7Rules && k > 1 {
+				steps = append(steps, w7OneOfK)
 			}
-			live[k] = append(live[k], liveRun{l, sl})
+			for _, v := range steps {
+				l, sl, err := b.w7LiveRun(ctx, k, v)
+				if err != nil {
+					return fmt.Errorf("live with %d projections: %w", k, err)
+				}
+				key := k
+				if v == w7OneOfK {
+					key = -k
+				}
+				if round == 0 {
+					order = append(order, key)
+				}
+				live[key] = append(live[key], liveRun{l, sl})
+			}
 		}
 	}
-	for _, k := range o.w7Live {
-		runs, done := live[k]
+	for _, key := range order {
+		runs, done := live[key]
 		if !done {
 			continue
 		}
-		delete(live, k)
+		delete(live, key)
 		m := medianBy(runs, func(r liveRun) float64 { return r.l.Step.P99 })
 		for _, r := range runs {
 			m.l.RunsP99 = append(m.l.RunsP99, r.l.Step.P99)
@@ -376,7 +409,7 @@ func (b *bench) w7(ctx context.Context) error {
 		return err
 	}
 	if w7SlowSummary(o) != "" {
-		_, sl, err := b.w7LiveRun(ctx, w7SlowN, true)
+		_, sl, err := b.w7LiveRun(ctx, w7SlowN, w7SlowLast)
 		if err != nil {
 			return fmt.Errorf("live with %d projections, one slow: %w", w7SlowN, err)
 		}
@@ -386,7 +419,7 @@ func (b *bench) w7(ctx context.Context) error {
 		}
 	}
 	for _, l := range f.Live {
-		if l.Projections != 1 || l.Step.P99 <= 0 {
+		if l.Projections != 1 || l.Rules > 0 || l.Step.P99 <= 0 {
 			continue
 		}
 		for i := range f.Live {
@@ -498,18 +531,36 @@ func w7SlowSummary(o options) string {
 	return fmt.Sprintf("; then live with %d, one of which sleeps %g ms per event in PostgreSQL", w7SlowN, o.w7SlowMS)
 }
 
-// w7LiveRun runs W7's live step with k projections; with slow, the k-th
+// w7Variant is what a W7 live step runs besides k projections of one rule.
+type w7Variant int
+
+const (
+	w7Plain    w7Variant = iota
+	w7SlowLast           // the k-th projection is slow (-w7-slow)
+	w7OneOfK             // one projection of k rules instead (-w7-rules)
+)
+
+// w7LiveRun runs W7's live step with k projections; with w7SlowLast, the k-th
 // is w7s<k>, which sleeps in PostgreSQL per event. With -w7-slow and k =
 // w7SlowN it also returns the slow-member comparison's case.
-func (b *bench) w7LiveRun(ctx context.Context, k int, slow bool) (w7Live, *w7Slow, error) {
+func (b *bench) w7LiveRun(ctx context.Context, k int, v w7Variant) (w7Live, *w7Slow, error) {
 	id := fmt.Sprintf("W7l%d", k)
 	what := fmt.Sprintf("W7 live, %d projection(s)", k)
-	targets := b.w7Targets("l", k)
+	var targets []target
+	rules := 0
+	if v == w7OneOfK {
+		id, what, rules = fmt.Sprintf("W7r%d", k), fmt.Sprintf("W7 live, one projection of %d rules", k), k
+		name := fmt.Sprintf("w7r%d", k)
+		b.tmpl.projections[name] = w7Block("r", k)
+		targets = []target{{projection: name, version: 1}}
+	} else {
+		targets = b.w7Targets("l", k)
+	}
 	var sl *w7Slow
-	if b.opts.w7Slow && k == w7SlowN {
+	if b.opts.w7Slow && k == w7SlowN && v != w7OneOfK {
 		sl = &w7Slow{Case: "none slow"}
 	}
-	if slow {
+	if v == w7SlowLast {
 		id += "s"
 		name := fmt.Sprintf("w7s%d", k)
 		b.tmpl.projections[name] = w7SlowBlock(k, b.opts.w7SlowMS)
@@ -546,7 +597,7 @@ func (b *bench) w7LiveRun(ctx context.Context, k int, slow bool) (w7Live, *w7Slo
 	if err != nil {
 		return w7Live{}, nil, err
 	}
-	say("%s: worst projection's p99 %.1f ms", what, row.WorstP99)
+	say("%s: worst table's p99 %.1f ms; the producer's commits p50 %.1f ms, p99 %.1f ms", what, row.WorstP99, row.AppCommitP50, row.AppCommitP99)
 	if err := latencySeconds(ctx, lv.db, lv.tables, lv.lo, lv.hi, filepath.Join(b.opts.rawDir, strings.ToLower(id)+"-seconds.csv")); err != nil {
 		return w7Live{}, nil, err
 	}
@@ -567,7 +618,7 @@ func (b *bench) w7LiveRun(ctx context.Context, k int, slow bool) (w7Live, *w7Slo
 			say("W7 live %d: %8d calls %10.1f ms %s", k, st.Calls, st.TotalMS, truncate(st.Query, 120))
 		}
 	}
-	return w7Live{Projections: k, Step: row}, sl, lv.p.stop()
+	return w7Live{Projections: k, Rules: rules, Step: row}, sl, lv.p.stop()
 }
 
 // w7Behind returns, per target, how many of the total events it has not
@@ -743,21 +794,37 @@ func (f *w7Figures) markdown(p func(string, ...any)) {
 		p("Live, W4's producer at %s events/s for one W4 step, N projections each writing a row per event (keyed by the "+
 			"event id) into its own table. Latency is commit to commit, read by PostgreSQL as in W4; *p50* and *p99* are "+
 			"over the rows of all N projections pooled (N per event), *worst projection p99* is the highest p99 of a "+
-			"single projection's rows. CPU is µs per event (not per projection), over the step and its catch-up.",
+			"single projection's rows. CPU is µs per event (not per projection), over the step and its catch-up. "+
+			"*app commit* is the producer's own commits over the step (each tick's INSERT, autocommitted): what the "+
+			"application's writes see of the load.",
 			thousands(int64(f.LiveRate)))
 		p("")
+		for _, l := range f.Live {
+			if l.Rules > 0 {
+				p("*1 (N rules)* is the reference for the projections' own transactions (`-w7-rules`): one projection " +
+					"whose N rules write the same N tables, so every table's row of an event commits in one transaction " +
+					"per batch, with one cursor upsert and one fence check, where N projections commit N transactions, " +
+					"each with its own. Its *p99 vs one* is against the one projection of one rule.")
+				p("")
+				break
+			}
+		}
 		if len(f.Live[0].RunsP99) > 1 {
 			p("Each N ran %d times, in rounds of every N; each row is that N's run with the median p99, *runs p99* every "+
 				"run's in order.", len(f.Live[0].RunsP99))
 			p("")
 		}
-		p("| projections | events | achieved events/s | p50 ms | p99 ms | p99 vs one | worst projection p99 ms | max ms | CPU µs/event | PG CPU µs/event | load | runs p99 ms |")
-		p("|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|---|---|")
+		p("| projections | events | achieved events/s | p50 ms | p99 ms | p99 vs one | worst projection p99 ms | max ms | CPU µs/event | PG CPU µs/event | app commit p50 / p99 ms | load | runs p99 ms |")
+		p("|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|---|---|")
 		for _, l := range f.Live {
 			s := l.Step
-			p("| %d | %s | %s | %.1f | %.1f | %s | %.1f | %.1f | %.1f | %s | %s | %s |", l.Projections, thousands(s.Events),
+			who := fmt.Sprint(l.Projections)
+			if l.Rules > 0 {
+				who = fmt.Sprintf("1 (%d rules)", l.Rules)
+			}
+			p("| %s | %s | %s | %.1f | %.1f | %s | %.1f | %.1f | %.1f | %s | %.1f / %.1f | %s | %s |", who, thousands(s.Events),
 				thousands(int64(s.Achieved)), s.P50, s.P99, vs(l.P99VsOne), s.WorstP99, s.Max, s.CPUPerEvent,
-				optFloat(s.PGCPUPerEvent), s.Load, joinFloats(l.RunsP99, "%.1f"))
+				optFloat(s.PGCPUPerEvent), s.AppCommitP50, s.AppCommitP99, s.Load, joinFloats(l.RunsP99, "%.1f"))
 		}
 		p("")
 	}
