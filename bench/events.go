@@ -14,6 +14,10 @@ type history struct {
 	streams   int64 // accounts
 	perStream int64 // events per stream
 	active    int64 // streams interleaved at a time; divides streams
+	// poison is how many in 1,000 deposits and withdrawals, chosen by a
+	// hash of the position, carry a reference of 48 characters (commit-time
+	// poison for a varchar(40) column, as W6's); 0 for none.
+	poison int64
 }
 
 // newHistory spreads about `events` events over `streams` streams; the
@@ -35,7 +39,8 @@ func (h history) events() int64 { return h.streams * h.perStream }
 // streams take turns, so stream_position runs 1..perStream per stream in
 // position order. Position 1 opens the account, the last one closes every
 // tenth account, the rest are deposits and (one in three) withdrawals with
-// a payload and metadata of realistic size (~250 and ~170 bytes of jsonb).
+// a payload and metadata of realistic size (~250 and ~170 bytes of jsonb);
+// $6 in 1,000 of those carry a 48-character reference (history.poison).
 const generateSQL = `
 INSERT INTO events (stream_id, stream_position, type, data, metadata, occurred_at)
 SELECT stream_id, pos, type,
@@ -46,7 +51,8 @@ SELECT stream_id, pos, type,
     WHEN 'AccountClosed' THEN jsonb_build_object('account_id', stream_id, 'reason', 'customer request',
       'closed_by', 'user-' || s % 500)
     ELSE jsonb_build_object('account_id', stream_id, 'amount', 1 + h % 1000, 'currency', 'EUR',
-      'reference', 'tx-' || i, 'channel', (ARRAY['card', 'sepa', 'cash', 'wire'])[1 + h % 4],
+      'reference', CASE WHEN (hashint8(-i) & 2147483647) % 1000 < $6::bigint THEN repeat('r', 40) || lpad(i::text, 8, '0')
+        ELSE 'tx-' || i END, 'channel', (ARRAY['card', 'sepa', 'cash', 'wire'])[1 + h % 4],
       'description', 'payment ' || i || ' for order ' || h % 100000)
   END,
   jsonb_build_object('correlation_id', md5(i::text)::uuid, 'causation_id', md5((i + 1)::text)::uuid,
@@ -76,7 +82,7 @@ func (h history) generate(ctx context.Context, db *database, txEvents int64, pro
 	txEvents = max(txEvents, 1)
 	for lo := int64(0); lo < total; lo += txEvents {
 		hi := min(lo+txEvents, total)
-		if _, err := db.pool.Exec(ctx, generateSQL, lo, hi, h.perStream, h.active, historyEpoch); err != nil {
+		if _, err := db.pool.Exec(ctx, generateSQL, lo, hi, h.perStream, h.active, historyEpoch, h.poison); err != nil {
 			return fmt.Errorf("generate events [%d, %d): %w", lo, hi, err)
 		}
 		if progress != nil {

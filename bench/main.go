@@ -46,6 +46,7 @@ type options struct {
 	w7Rate, w7Repeat             int
 	w7Slow                       bool
 	w7Rules                      bool
+	w7Poison                     int64
 	w7SlowMS                     float64
 	rss5M, profile, refs         bool
 	statements                   bool
@@ -103,6 +104,7 @@ func parseFlags(args []string) (options, error) {
 	w7Live := fs.String("w7-live", "1,8", "W7: the numbers of projections whose live latency is measured")
 	fs.IntVar(&o.w7Rate, "w7-rate", 1000, "W7: producer rate of the live step, events/s")
 	fs.BoolVar(&o.w7Slow, "w7-slow", true, "W7: when 8 is in -w7-live, one more live step of 8 projections of which one is slow (its sql rule sleeps in PostgreSQL per event)")
+	fs.Int64Var(&o.w7Poison, "w7-poison", 5, "W7: per 1,000 deposits and withdrawals appended for the catch-up, how many carry a reference too long for the read models' varchar(40) (commit-time poison, dead-lettered by every projection)")
 	fs.BoolVar(&o.w7Rules, "w7-rules", true, "W7: for each N > 1 in -w7-live, also one projection with N rules, one into each of the N tables: all N written in one transaction per batch, the reference for what N projections' own transactions cost")
 	fs.Float64Var(&o.w7SlowMS, "w7-slow-ms", 1, "W7: how long the slow projection sleeps in PostgreSQL per event, mean ms (pg_sleep waits whole ms: a fraction is a share of the events, by position, that sleep one ms more)")
 	fs.BoolVar(&o.refs, "refs", true, "measure the references: SQL ceiling, per-event loop, W4's decode floor (false: engine only, for quick experiments)")

@@ -169,6 +169,8 @@ type w7CatchUp struct {
 	PeakRSSMB       float64   `json:"peak_rss_mb"`
 	OtherCores      float64   `json:"other_cores"`
 	DifferingRows   []int64   `json:"differing_rows"`         // per projection, against the SQL expectation
+	Poison          int64     `json:"poison"`                 // poison events appended (-w7-poison)
+	DeadLetterDiff  []int64   `json:"dead_letter_diff"`       // per projection: dead-lettered positions not poison, and poison not dead-lettered
 	Runs            []float64 `json:"runs_seconds,omitempty"` // -w7-repeat: every run's catch-up time, in run order; the figures are the median run's
 	Load            string    `json:"load"`
 }
@@ -206,7 +208,7 @@ func w7Block(kind string, i int) string {
   op    = "upsert"
   table = "w7_counts_%d"
   key   = { stream_id = "stream_id" }
-  set   = { last_type = "type" }
+  set   = { last_type = "type", last_ref = "data.reference ?? \"\"" }
   inc   = { n = "1" }
 `, i)
 }
@@ -278,7 +280,7 @@ func w7DDL(targets []target) string {
 				fmt.Fprintf(&sb, "\nCREATE TABLE IF NOT EXISTS w7_live_%d (event_id uuid PRIMARY KEY, stream_id text NOT NULL);", j)
 			}
 		default:
-			fmt.Fprintf(&sb, "\nCREATE TABLE IF NOT EXISTS w7_counts_%d (stream_id text PRIMARY KEY, n bigint NOT NULL, last_type text NOT NULL);", i)
+			fmt.Fprintf(&sb, "\nCREATE TABLE IF NOT EXISTS w7_counts_%d (stream_id text PRIMARY KEY, n bigint NOT NULL, last_type text NOT NULL, last_ref varchar(40));", i)
 		}
 	}
 	return sb.String()
@@ -311,6 +313,7 @@ func (b *bench) w7(ctx context.Context) error {
 	o := b.opts
 	n := o.scaled(o.w7Events)
 	hist := newHistory(n, o.streams, o.active)
+	hist.poison = o.w7Poison
 	n = hist.events()
 	f := &w7Figures{Events: n, TxEvents: o.w5TxEvents, LiveRate: o.w7Rate}
 	w := b.res.workload("W7", "many projections, one events table",
@@ -477,8 +480,11 @@ func (b *bench) w7CatchUp(ctx context.Context, w *Workload, hist history, k int)
 	if c.DifferingRows, err = w7Check(ctx, db, k); err != nil {
 		return c, err
 	}
-	say("W7: %d projection(s): caught up in %.2f s (first %.2f s), engine %.1f and PG %s µs CPU per event·projection, differing rows %v",
-		k, c.Seconds, c.FirstSeconds, c.CPUPerEventProj, optFloat(c.PGPerEventProj), c.DifferingRows)
+	if c.Poison, c.DeadLetterDiff, err = w7DeadLetters(ctx, db, targets); err != nil {
+		return c, err
+	}
+	say("W7: %d projection(s): caught up in %.2f s (first %.2f s), engine %.1f and PG %s µs CPU per event·projection, differing rows %v, %d poison events, dead letters differing %v",
+		k, c.Seconds, c.FirstSeconds, c.CPUPerEventProj, optFloat(c.PGPerEventProj), c.DifferingRows, c.Poison, c.DeadLetterDiff)
 	return c, nil
 }
 
@@ -499,16 +505,17 @@ func w7Median(runs []w7CatchUp) w7CatchUp {
 func w7Check(ctx context.Context, db *database, k int) ([]int64, error) {
 	if _, err := db.pool.Exec(ctx, `DROP TABLE IF EXISTS w7_expected;
 CREATE TABLE w7_expected AS SELECT stream_id::text AS stream_id, count(*)::bigint AS n,
-  (array_agg(type::text ORDER BY position DESC))[1] AS last_type
-FROM events GROUP BY 1`); err != nil {
+  (array_agg(type::text ORDER BY position DESC))[1] AS last_type,
+  (array_agg(coalesce(data->>'reference', '') ORDER BY position DESC))[1] AS last_ref
+FROM events WHERE NOT `+w7Bad+` GROUP BY 1`); err != nil {
 		return nil, fmt.Errorf("expected read model: %w", err)
 	}
 	out := make([]int64, k)
 	for i := range k {
 		t := pgx.Identifier{fmt.Sprintf("w7_counts_%d", i+1)}.Sanitize()
 		err := db.pool.QueryRow(ctx, fmt.Sprintf(`SELECT
-  (SELECT count(*) FROM (SELECT stream_id, n, last_type FROM %[1]s EXCEPT ALL TABLE w7_expected) a)
-+ (SELECT count(*) FROM (TABLE w7_expected EXCEPT ALL SELECT stream_id, n, last_type FROM %[1]s) b)`, t)).Scan(&out[i])
+  (SELECT count(*) FROM (SELECT stream_id, n, last_type, last_ref::text FROM %[1]s EXCEPT ALL TABLE w7_expected) a)
++ (SELECT count(*) FROM (TABLE w7_expected EXCEPT ALL SELECT stream_id, n, last_type, last_ref::text FROM %[1]s) b)`, t)).Scan(&out[i])
 		if err != nil {
 			return nil, fmt.Errorf("compare %s: %w", t, err)
 		}
@@ -517,6 +524,47 @@ FROM events GROUP BY 1`); err != nil {
 		}
 	}
 	return out, nil
+}
+
+// w7Bad is the predicate of a W7 poison event (history.poison): a
+// reference too long for the read models' varchar(40).
+const w7Bad = `(type IN ('Deposited', 'Withdrawn') AND length(data->>'reference') > 40)`
+
+// w7DeadLetters returns how many poison events the events table holds
+// and, per target, how many positions its dead letters and the poison
+// events do not share (both ways): 0 when it dead-lettered exactly them.
+func w7DeadLetters(ctx context.Context, db *database, targets []target) (int64, []int64, error) {
+	var poison int64
+	if err := db.pool.QueryRow(ctx, `SELECT count(*) FROM events WHERE `+w7Bad).Scan(&poison); err != nil {
+		return 0, nil, fmt.Errorf("poison events: %w", err)
+	}
+	out := make([]int64, len(targets))
+	for i, t := range targets {
+		err := db.pool.QueryRow(ctx, `WITH d AS (SELECT position FROM pgscribe.dead_letters WHERE projection = $1 AND version = $2),
+p AS (SELECT position FROM events WHERE `+w7Bad+`)
+SELECT (SELECT count(*) FROM (TABLE d EXCEPT ALL TABLE p) a) + (SELECT count(*) FROM (TABLE p EXCEPT ALL TABLE d) b)`,
+			t.projection, t.version).Scan(&out[i])
+		if err != nil {
+			return 0, nil, fmt.Errorf("dead letters of %s: %w", t, err)
+		}
+		if out[i] != 0 {
+			say("W7: WARNING: %s's dead letters differ from the poison events in %d positions", t, out[i])
+			rows, err := db.pool.Query(ctx, `SELECT error_kind, left(error_message, 200), count(*) FROM pgscribe.dead_letters
+WHERE projection = $1 AND version = $2 GROUP BY 1, 2 ORDER BY 3 DESC LIMIT 3`, t.projection, t.version)
+			if err != nil {
+				return 0, nil, fmt.Errorf("dead letters of %s: %w", t, err)
+			}
+			var kind, msg string
+			var n int64
+			if _, err := pgx.ForEachRow(rows, []any{&kind, &msg, &n}, func() error {
+				say("W7: %s: %d dead letters %s: %s", t, n, kind, msg)
+				return nil
+			}); err != nil {
+				return 0, nil, fmt.Errorf("dead letters of %s: %w", t, err)
+			}
+		}
+	}
+	return poison, out, nil
 }
 
 // w7SlowN is how many projections W7's slow-member step runs.
@@ -773,20 +821,24 @@ func (f *w7Figures) markdown(p func(string, ...any)) {
 			"*catch-up s* is the engine's start until every projection's cursors account for every event (the first "+
 			"projection's in brackets); CPU is µs per event and projection: the engine's, and the whole PostgreSQL "+
 			"server's over the same run (its walsenders' decoding included); *vs one* is against N = 1. *read models "+
-			"identical*: each projection's table against one computed by SQL from the events table (per stream: count "+
-			"and last type), `EXCEPT ALL` both ways.", thousands(f.Events), f.TxEvents)
+			"identical*: each projection's table against one computed by SQL from the events table (per stream: count, "+
+			"last type and last reference of the events that are not poison), `EXCEPT ALL` both ways. *dead letters*: "+
+			"the appended poison events (a reference of 48 characters for the read models' `varchar(40)`, "+
+			"`-w7-poison` per 1,000 deposits and withdrawals) and whether every projection dead-lettered exactly "+
+			"those positions.", thousands(f.Events), f.TxEvents)
 		p("")
 		if len(f.CatchUp[0].Runs) > 1 {
 			p("Each N ran %d times, in rounds of every N; the figures are each N's median run, *runs* every run's catch-up time "+
 				"in order.", len(f.CatchUp[0].Runs))
 			p("")
 		}
-		p("| projections | catch-up s | vs one | engine CPU µs per event·projection | PG CPU µs per event·projection | vs one | peak RSS MB | other cores | read models identical | load | runs s |")
-		p("|--:|--:|--:|--:|--:|--:|--:|--:|---|---|---|")
+		p("| projections | catch-up s | vs one | engine CPU µs per event·projection | PG CPU µs per event·projection | vs one | peak RSS MB | other cores | read models identical | dead letters | load | runs s |")
+		p("|--:|--:|--:|--:|--:|--:|--:|--:|---|---|---|---|")
 		for _, c := range f.CatchUp {
-			p("| %d | %.2f (%.2f) | %s | %.1f | %s | %s | %.1f | %s | %s | %s | %s |", c.Projections, c.Seconds, c.FirstSeconds,
+			p("| %d | %.2f (%.2f) | %s | %.1f | %s | %s | %.1f | %s | %s | %s | %s | %s |", c.Projections, c.Seconds, c.FirstSeconds,
 				vs(c.SecondsVsOne), c.CPUPerEventProj, optFloat(c.PGPerEventProj), vs(c.PGVsOne), c.PeakRSSMB,
-				optCores(c.OtherCores), w7Identical(c.DifferingRows), c.Load, joinFloats(c.Runs, "%.2f"))
+				optCores(c.OtherCores), w7Identical(c.DifferingRows), w7DeadLettered(c.Poison, c.DeadLetterDiff), c.Load,
+				joinFloats(c.Runs, "%.2f"))
 		}
 		p("")
 	}
@@ -878,6 +930,20 @@ func (f *w7Figures) slowMarkdown(p func(string, ...any)) {
 			s.PeakRSSMB, s.PeakRSSMB-n.PeakRSSMB, memory)
 		p("")
 	}
+}
+
+// w7DeadLettered renders a catch-up's dead letters against its poison.
+func w7DeadLettered(poison int64, diff []int64) string {
+	var bad []string
+	for i, d := range diff {
+		if d != 0 {
+			bad = append(bad, fmt.Sprintf("w7p%d: %d positions", i+1, d))
+		}
+	}
+	if len(bad) > 0 {
+		return fmt.Sprintf("%s poison, **differ** (%s)", thousands(poison), strings.Join(bad, ", "))
+	}
+	return fmt.Sprintf("%s poison, exact (%d of %d)", thousands(poison), len(diff), len(diff))
 }
 
 func w7Identical(diff []int64) string {
