@@ -231,7 +231,15 @@ func TestHubSlowMemberBackpressureWithoutRepeats(t *testing.T) {
 	for p := 1; p <= n; p++ {
 		ev := &event.Event{Position: int64(p)}
 		for {
-			dctx, dcancel := context.WithTimeout(context.Background(), 5*time.Millisecond)
+			// While the queues have room a send must never be refused; the
+			// deadline is long there, since a deadline that has passed by the
+			// time Event selects (a descheduled test on a loaded machine)
+			// races the send. Short once the slow member's queue may be full.
+			wait := 10 * time.Second
+			if p >= memberQueue {
+				wait = 5 * time.Millisecond
+			}
+			dctx, dcancel := context.WithTimeout(context.Background(), wait)
 			err := s.Event(dctx, 0, ev)
 			dcancel()
 			if err == nil {
@@ -245,6 +253,9 @@ func TestHubSlowMemberBackpressureWithoutRepeats(t *testing.T) {
 				released = true
 			}
 		}
+	}
+	if !released {
+		t.Fatal("the slow member's queue never filled: no Event was cut short and offered again")
 	}
 	s.Commit(0, 11)
 	for name, r := range map[string]*recSink{"fast": fast, "slow": slow} {
