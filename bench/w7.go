@@ -179,7 +179,7 @@ type w7CatchUp struct {
 type w7Live struct {
 	Projections int        `json:"projections"`
 	Rules       int        `json:"rules,omitempty"` // > 0: one projection with this many rules (-w7-rules), not Projections of one each
-	Step        LatencyRow `json:"step"`            // P50/P99/Max pooled over all projections' rows; WorstP99 the worst projection's
+	Step        LatencyRow `json:"step"`            // P50/P99/Max pooled over all tables' rows; WorstP99 the worst table's
 	P99VsOne    float64    `json:"p99_vs_one"`
 	RunsP99     []float64  `json:"runs_p99_ms,omitempty"` // every run's pooled p99, in order (-w7-repeat)
 }
@@ -845,8 +845,8 @@ func (f *w7Figures) markdown(p func(string, ...any)) {
 	if len(f.Live) > 0 {
 		p("Live, W4's producer at %s events/s for one W4 step, N projections each writing a row per event (keyed by the "+
 			"event id) into its own table. Latency is commit to commit, read by PostgreSQL as in W4; *p50* and *p99* are "+
-			"over the rows of all N projections pooled (N per event), *worst projection p99* is the highest p99 of a "+
-			"single projection's rows. CPU is µs per event (not per projection), over the step and its catch-up. "+
+			"over the rows of all N tables pooled (N per event), *worst table p99* is the highest p99 of a "+
+			"single table's rows (one table per projection, or per rule of the one projection of N rules). CPU is µs per event (not per projection), over the step and its catch-up. "+
 			"*app commit* is the producer's own commits over the step (each tick's INSERT, autocommitted): what the "+
 			"application's writes see of the load.",
 			thousands(int64(f.LiveRate)))
@@ -866,7 +866,7 @@ func (f *w7Figures) markdown(p func(string, ...any)) {
 				"run's in order.", len(f.Live[0].RunsP99))
 			p("")
 		}
-		p("| projections | events | achieved events/s | p50 ms | p99 ms | p99 vs one | worst projection p99 ms | max ms | CPU µs/event | PG CPU µs/event | app commit p50 / p99 ms | load | runs p99 ms |")
+		p("| projections | events | achieved events/s | p50 ms | p99 ms | p99 vs one | worst table p99 ms | max ms | CPU µs/event | PG CPU µs/event | app commit p50 / p99 ms | load | runs p99 ms |")
 		p("|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|---|---|")
 		for _, l := range f.Live {
 			s := l.Step
