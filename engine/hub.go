@@ -90,8 +90,9 @@ const memberQueue = 1024
 // errBehind refuses a join: the stream has passed the member's position.
 var errBehind = errors.New("the group's stream is past this position")
 
+// newHub makes the hub of a group; log names the group already.
 func newHub(cfg groupConfig, members int, log *slog.Logger) *hub {
-	return &hub{cfg: cfg, log: log.With("group", cfg.name), members: members, saver: newSaver(cfg.targetURL, cfg.leaseTimeout, log),
+	return &hub{cfg: cfg, log: log, members: members, saver: newSaver(cfg.targetURL, cfg.leaseTimeout, log),
 		attached: map[string]*member{}, held: map[string]event.LSN{}, served: map[string]bool{}, waiting: map[string]time.Time{}, demand: make(chan struct{}, 1)}
 }
 
@@ -569,6 +570,11 @@ func (h *hub) stream(ctx context.Context) error {
 	h.log.Info("group stream started", "slot", h.cfg.slot, "from", start.String())
 	src := h.cfg.src
 	src.Slot = h.cfg.slot
+	// The refresh ends with the stream (sctx), not with the hub: the
+	// stream's end waits for it, and a failed stream must reach the
+	// members at once (a refresh bound to the hub's context kept every
+	// failed group stream, and its members, waiting until shutdown).
+	sctx, cancel := context.WithCancel(ctx)
 	refresh := make(chan struct{})
 	go func() {
 		defer close(refresh)
@@ -576,16 +582,15 @@ func (h *hub) stream(ctx context.Context) error {
 		defer t.Stop()
 		for {
 			select {
-			case <-ctx.Done():
+			case <-sctx.Done():
 				return
 			case <-t.C:
-				if err := h.refreshHeld(ctx); err != nil && ctx.Err() == nil {
+				if err := h.refreshHeld(sctx); err != nil && sctx.Err() == nil {
 					h.log.Warn("read the members' watermarks", "err", err)
 				}
 			}
 		}
 	}()
-	sctx, cancel := context.WithCancel(ctx)
 	defer func() { cancel(); <-refresh }()
 	h.streamCtx = sctx
 	err = replication.Stream(sctx, conn, src, (*hubSink)(h), h.cfg.opts)
