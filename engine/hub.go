@@ -449,7 +449,7 @@ func (h *hub) run(ctx context.Context, membersDone <-chan struct{}) {
 				h.log.Warn("read the members' watermarks", "err", err)
 			}
 			if lsn := (*hubSink)(h).Confirmable(); lsn > 0 {
-				_ = replication.Confirm(context.WithoutCancel(ctx), h.conn, lsn)
+				_ = confirmSlot(context.WithoutCancel(ctx), h.conn, lsn)
 			}
 			h.conn.Close(context.WithoutCancel(ctx))
 		}
