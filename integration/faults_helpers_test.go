@@ -114,15 +114,15 @@ func inEveryFeed(t *testing.T, parallel bool, body func(t *testing.T)) {
 	}
 }
 
-// feedOf is the mode of a test that inEveryFeed runs (alone for the
-// others).
+// feedOf is the mode of a test that inEveryFeed runs, "" for the others
+// (which set up their projections' groups themselves).
 func feedOf(t *testing.T) feedMode {
 	for _, m := range feedModes {
 		if strings.HasSuffix(t.Name(), "/"+string(m)) {
 			return m
 		}
 	}
-	return feedAlone
+	return ""
 }
 
 // faultEnv is one fault test's world: its own database (events table,
@@ -197,7 +197,28 @@ func startFault(t *testing.T, retryAttempts int, ddl string, backlog []faultEven
 			return e.scalar(t, `SELECT count(*) FROM pgscribe.watermarks WHERE projection = $1 AND version = 1 AND phase = 'live'`, pr.name) == 1
 		})
 	}
+	e.joined(t, p, 0, projs...)
 	return e, p
+}
+
+// joined waits, in mode feedMember, until every projection of projs and
+// its peer joined the group's stream after the log mark and dropped its
+// own slot: a member streams its own slot after a backfill (or a resync)
+// until it joins, and the tests go on from the steady state.
+func (e *faultEnv) joined(t *testing.T, p *node, mark int, projs ...faultProjection) {
+	t.Helper()
+	if e.mode != feedMember {
+		return
+	}
+	for _, pr := range e.withPeers(projs) {
+		waitUntil(t, waitLong, pr.name+" to join the group's stream", func(context.Context) (bool, error) {
+			return p.countLogAfter(mark, logMsg("joined the group's stream", pr.name)) > 0, nil
+		}, p.broken)
+		own := slotName(e.slotPrefix, pr.name, 1)
+		waitFor(t, waitLong, pr.name+" to drop its own slot after joining", func() bool {
+			return e.scalar(t, `SELECT count(*) FROM pg_replication_slots WHERE slot_name = $1`, own) == 0
+		})
+	}
 }
 
 // writeConfig (re)writes the configuration file: small batches and
