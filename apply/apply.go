@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"iter"
 	"log/slog"
 	"time"
 
@@ -181,6 +182,17 @@ type planned struct {
 	message  string
 	sqlstate string // integrity failure that dead-lettered it
 	failure  error  // that failure
+}
+
+// applying yields the events of plan whose writes apply, in order.
+func applying(plan []planned) iter.Seq[*planned] {
+	return func(yield func(*planned) bool) {
+		for i := range plan {
+			if plan[i].out == outApply && !yield(&plan[i]) {
+				return
+			}
+		}
+	}
 }
 
 // circuit tracks consecutive same-SQLSTATE integrity failures of one
@@ -670,12 +682,9 @@ type dbtx interface {
 // the rest of the pipeline, the COMMIT included.
 func (c *Committer) applyPipelined(ctx context.Context, tx dbtx, pl *pipeline, plan []planned, bk *bookkeeping) error {
 	var intents []*event.Intent
-	for i := range plan {
-		if plan[i].out != outApply {
-			continue
-		}
-		for j := range plan[i].intents {
-			intents = append(intents, &plan[i].intents[j])
+	for p := range applying(plan) {
+		for j := range p.intents {
+			intents = append(intents, &p.intents[j])
 		}
 	}
 	if err := c.queueWrites(ctx, tx, pl, intents); err != nil {
