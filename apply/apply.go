@@ -347,14 +347,15 @@ func (e *statementError) Unwrap() error { return e.err }
 //   - dedupe: events at or below their stream's cursor are duplicates, the
 //     others advance it;
 //   - decide: the outcome of each remaining event (pre-check, isolation,
-//     circuit, park);
+//     circuit, park), or errSuspect to wait for more events;
 //   - book: count the outcomes and build the bookkeeping (dead letters,
 //     held events, cursor advances);
-//   - send: the writes, the bookkeeping and COMMIT.
+//   - send: the writes, the bookkeeping and COMMIT;
+//   - report: once committed, what the batch did, to the Observer.
 //
 // An attempt works on copies of the batch's outcomes and of the
 // partition's circuit: only a committed attempt keeps what it decided (the
-// circuit, the cursor cache) and reports it to the Observer.
+// circuit, the cursor cache) and reports it.
 
 // attempt runs one transaction for the batch. In the common case (no
 // event to isolate, every stream's cursor in the partition's cache) that is
