@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"net/http"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -18,6 +19,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/pgscribe/pgscribe/engine"
 )
 
 // faultProjection is a projection of the shape most fault tests use. For
@@ -88,11 +91,11 @@ type feedMode string
 
 const (
 	// feedAlone: the only projection of its group, on a slot of its own.
-	feedAlone feedMode = "alone"
+	feedAlone feedMode = engine.FeedAlone
 	// feedMember: a member of a group of two (a peer projection with the
 	// same rules beside it), on the group's slot, its stream fanned out
 	// by the group's hub.
-	feedMember feedMode = "member"
+	feedMember feedMode = engine.FeedMember
 )
 
 // feedModes lists every mode the matrix runs; TestFeedModesCovered checks
@@ -556,5 +559,23 @@ func (w *faultWriter) stop(t *testing.T) {
 	<-w.done
 	if w.err != nil {
 		t.Fatalf("event writer gave up: %v", w.err)
+	}
+}
+
+// TestFeedModesCovered: every feed mode of the engine has its row in the
+// matrix (feedModes), so a new mode is not done until the source-fault
+// and lifecycle tests run in it.
+func TestFeedModesCovered(t *testing.T) {
+	var have []string
+	for _, m := range feedModes {
+		have = append(have, string(m))
+	}
+	for _, m := range engine.FeedModes {
+		if !slices.Contains(have, m) {
+			t.Errorf("engine feed mode %q has no row in the integration matrix (feedModes, inEveryFeed)", m)
+		}
+	}
+	if len(have) != len(engine.FeedModes) {
+		t.Errorf("the matrix runs modes %v, the engine has %v", have, engine.FeedModes)
 	}
 }
