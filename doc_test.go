@@ -15,6 +15,7 @@ import (
 	"unicode"
 
 	"github.com/pgscribe/pgscribe/config"
+	"github.com/pgscribe/pgscribe/event"
 )
 
 // The docs are checked against the binary: the commands and flags of the
@@ -232,6 +233,23 @@ func TestDocsConfigKeys(t *testing.T) {
 	}
 	for _, k := range extra {
 		t.Errorf("docs/config.md documents %s, which the configuration does not have", k)
+	}
+}
+
+// Every op of the op table is a row of docs/config.md's op table, and
+// every row is an op.
+func TestDocsOps(t *testing.T) {
+	prose, _ := parseMarkdown(readDoc(t, "docs/config.md"))
+	rows, ok := sections(prose, regexp.MustCompile("^(What each op does)$"))["What each op does"]
+	if !ok {
+		t.Fatal("docs/config.md has no section \"## What each op does\"")
+	}
+	missing, extra := diff(event.OpNames(), firstCells(rows))
+	for _, op := range missing {
+		t.Errorf("docs/config.md, What each op does: no row for op %q", op)
+	}
+	for _, op := range extra {
+		t.Errorf("docs/config.md, What each op does: a row for %q, which is not an op", op)
 	}
 }
 
