@@ -253,6 +253,85 @@ func TestDocsOps(t *testing.T) {
 	}
 }
 
+// Every command the docs name in code (`pgscribe status -json`, a
+// "$ pgscribe …" line of a session) is a command of the table, with flags
+// it has; every `[section] key` they name is a configuration key.
+func TestDocsMentions(t *testing.T) {
+	cmdRE := regexp.MustCompile("`(pgscribe [^`]*)`")
+	keyRE := regexp.MustCompile("`\\[([a-z_.]+)\\] ([a-z_]+)[^`]*`")
+	keys := config.Keys()
+	for _, rel := range docFiles(t) {
+		prose, blocks := parseMarkdown(readDoc(t, rel))
+		var mentions []mdLine
+		for _, l := range prose {
+			for _, m := range cmdRE.FindAllStringSubmatch(l.text, -1) {
+				mentions = append(mentions, mdLine{l.n, m[1]})
+			}
+			for _, m := range keyRE.FindAllStringSubmatch(l.text, -1) {
+				if k := m[1] + "." + m[2]; !slices.Contains(keys, k) {
+					t.Errorf("%s:%d: `[%s] %s` is not a configuration key", rel, l.n, m[1], m[2])
+				}
+			}
+		}
+		for _, b := range blocks {
+			if b.before == "<!-- run -->" {
+				continue // run by TestDocsShellSessions, errors included
+			}
+			for i, l := range b.lines {
+				if cmd, ok := strings.CutPrefix(l, "$ "); ok && strings.HasPrefix(cmd, "pgscribe ") {
+					mentions = append(mentions, mdLine{b.n + 1 + i, cmd})
+				}
+			}
+		}
+		for _, m := range mentions {
+			if err := checkMention(m.text); err != nil {
+				t.Errorf("%s:%d: `%s`: %v", rel, m.n, m.text, err)
+			}
+		}
+	}
+}
+
+// checkMention checks that a command line as the docs show it names a
+// command and only flags of that command. Words other than flags (flag
+// values, FIXTURE operands, placeholders) are not checked.
+func checkMention(line string) error {
+	words := strings.Fields(line)[1:]
+	if len(words) == 0 {
+		return nil
+	}
+	name := words[0]
+	if strings.ToUpper(name) == name {
+		return nil // a placeholder: pgscribe COMMAND -h
+	}
+	if slices.Contains(helpAliases, name) {
+		name = "help"
+	}
+	if subs := subcommands(name); len(subs) > 0 && len(words) > 1 && slices.Contains(subs, words[1]) {
+		name += " " + words[1]
+	}
+	c := lookup(name)
+	if c == nil {
+		if len(subcommands(name)) > 0 {
+			return nil // the group itself ("pgscribe deadletters"), a usage error shown as such
+		}
+		return fmt.Errorf("no command %q", name)
+	}
+	if c.define == nil {
+		return nil
+	}
+	fs, _ := newFlagSet(c, io.Discard, io.Discard)
+	for _, w := range words[1:] {
+		f, ok := strings.CutPrefix(w, "-")
+		if !ok || f == "" || strings.HasPrefix(f, "-") || !regexp.MustCompile(`^[a-z][a-z-]*$`).MatchString(f) {
+			continue
+		}
+		if fs.Lookup(f) == nil {
+			return fmt.Errorf("pgscribe %s has no flag -%s", c.name, f)
+		}
+	}
+	return nil
+}
+
 var linkRE = regexp.MustCompile(`\]\(([^)\s]+)\)`)
 
 // Every relative link of README.md and docs/*.md names a file of the

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"os"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strings"
 	"testing"
@@ -111,6 +112,13 @@ func TestExampleConfigEveryOp(t *testing.T) {
 	for _, op := range event.OpNames() {
 		if !slices.Contains(used, op) {
 			t.Errorf("config.toml.example has no rule with op = %q, not even commented out", op)
+		}
+	}
+	// And every key, set or commented out ("# node = …").
+	for _, k := range config.Keys() {
+		name := k[strings.LastIndex(k, ".")+1:]
+		if !regexp.MustCompile(`(?m)^[ #]*` + name + ` *=`).MatchString(b.String()) {
+			t.Errorf("config.toml.example does not show the key %s", k)
 		}
 	}
 }
