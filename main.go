@@ -3,6 +3,9 @@
 //
 // main only parses flags, handles signals and chooses exit codes; every
 // command's work is in package admin (operator commands) or engine (run).
+// The commands, their flags and their usage are the command table in
+// commands.go; docs/cli.md documents each, and doc_test.go holds the two
+// together.
 package main
 
 import (
