@@ -170,6 +170,19 @@ func firstCells(lines []mdLine) []string {
 	return cells
 }
 
+// flagRows returns a flags table's rows as (flag, default cell):
+// "| `-limit N` | `100` | …" gives ("-limit", "`100`").
+func flagRows(lines []mdLine) [][2]string {
+	var rows [][2]string
+	re := regexp.MustCompile("^\\| *`(-[a-z-]+)[^`]*` *\\| *([^|]*?) *\\|")
+	for _, l := range lines {
+		if m := re.FindStringSubmatch(l.text); m != nil {
+			rows = append(rows, [2]string{m[1], m[2]})
+		}
+	}
+	return rows
+}
+
 // diff reports what want has and got lacks, and the reverse.
 func diff(want, got []string) (missing, extra []string) {
 	for _, w := range want {
@@ -200,6 +213,19 @@ func TestDocsCLI(t *testing.T) {
 		if c.define != nil {
 			fs, _ := newFlagSet(&c, io.Discard, io.Discard)
 			fs.VisitAll(func(f *flag.Flag) { flags = append(flags, "-"+f.Name) })
+			for _, row := range flagRows(lines) {
+				f := fs.Lookup(strings.TrimPrefix(row[0], "-"))
+				if f == nil {
+					continue // reported below
+				}
+				want := ""
+				if f.DefValue != "" && f.DefValue != "[]" {
+					want = "`" + f.DefValue + "`"
+				}
+				if row[1] != want {
+					t.Errorf("docs/cli.md, pgscribe %s: -%s's default is %q in its flags table, %q in the command", c.name, f.Name, row[1], want)
+				}
+			}
 		}
 		missing, extra := diff(flags, firstCells(lines))
 		if len(missing) > 0 {
