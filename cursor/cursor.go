@@ -105,6 +105,7 @@ type Store struct {
 	loadSQL, advanceSQL                      string
 	loadWatermarkSQL, saveWatermarkSQL       string
 	saveWatermarksSQL                        string
+	moveWatermarkSQL                         string
 	setPhaseSQL, totalsSQL, hasSQL, resetSQL string
 	adoptSQL                                 string
 }
@@ -196,6 +197,7 @@ ON CONFLICT (projection, version) DO UPDATE SET
   backlog_events = CASE WHEN excluded.measured_at IS NULL THEN w.backlog_events ELSE excluded.backlog_events END,
   updated_at     = now()`,
 
+		moveWatermarkSQL: "UPDATE " + watermarks + " SET slot_name = $3, updated_at = now() WHERE projection = $1 AND version = $2",
 		setPhaseSQL: "INSERT INTO " + watermarks + ` AS w
   (projection, version, phase, backfill_total, backfill_done)
 VALUES ($1, $2, $3, $4, $5)
@@ -421,6 +423,15 @@ func SaveWatermarksStatement(stores []*Store, ws []Watermark) (string, []any, er
 	}
 	return stores[0].saveWatermarksSQL, []any{projs, versions, slots, lsns, positions, commits, totals, dones,
 		measured, lags, backlogs}, nil
+}
+
+// MoveWatermark records the version's watermark on slot (the stream it
+// reads from changed: its group's slot, or one of its own).
+func (s *Store) MoveWatermark(ctx context.Context, q event.Querier, slot string) error {
+	if _, err := q.Exec(ctx, s.moveWatermarkSQL, s.projection, s.version, slot); err != nil {
+		return fmt.Errorf("move watermark to slot %s: %w", slot, err)
+	}
+	return nil
 }
 
 // SetPhase records the phase and the backfill progress (total events to read

@@ -959,3 +959,38 @@ func appendBacklog(t *testing.T, e *faultEnv, prefix string, streams, txs int, b
 		e.appendEvents(t, evs...)
 	}
 }
+
+// TestGroupSlowMemberDetached: of a group of two, g2's rule sleeps in
+// PostgreSQL for every event, so that its queue stays full under a burst.
+// After slow_member_timeout (5 s by default) the group's stream detaches
+// it: g1 applies the whole burst without waiting for g2, g2's watermark
+// holds the group's slot back meanwhile, g2 catches up on a copy of the
+// group's slot, joins again, and both end exact.
+func TestGroupSlowMemberDetached(t *testing.T) {
+	t.Parallel()
+	g1 := faultProjection{name: "g1", types: []string{"Tick"}}
+	g2 := faultProjection{name: "g2", types: []string{"Tick"}, extra: []rule{
+		{name: "slow", on: "Tick", op: "sql", args: `["stream_id"]`, sql: "SELECT pg_sleep(0.003) WHERE $1::text IS NOT NULL"}}}
+	e, p := startFault(t, 10, "", []faultEvent{ev("b-0", "Tick", 1)}, g1, g2)
+	for _, g := range []string{"g1", "g2"} {
+		p.waitLog(waitLong, g+" joining the group", logMsg("joined the group's stream", g))
+	}
+	mark := p.mark()
+	appendBacklog(t, e, "s", 20, 5, 0) // 5,000 events: about 15 s of g2's sleeps
+	total := e.events(t)
+	waitAccounted(t, e.pool, waitLong, "g1", 1, p.broken)
+	if p.countLogAfter(mark, logMsg("a member's queue stayed full: detached", "")) == 0 {
+		t.Errorf("g1 caught up, yet no member was detached for a full queue")
+	}
+	if got := e.accounted(t, "g2"); got >= total {
+		t.Errorf("g2 accounts for all %d events as soon as g1: was it slow at all?", got)
+	}
+	waitUntil(t, waitLong, "g2 to join the group's stream again", func(context.Context) (bool, error) {
+		return p.countLogAfter(mark, logMsg("joined the group's stream", "g2")) > 0, nil
+	}, p.broken)
+	if p.countLogAfter(mark, logMsg("streaming from a copy of the group's slot", "g2")) == 0 {
+		t.Errorf("g2 rejoined without catching up on a copy of the group's slot")
+	}
+	bothOnStream(t, e, p, g1, g2)
+	p.stop()
+}
