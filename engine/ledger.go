@@ -72,15 +72,17 @@ func (l *ledger) measured(r lag.Reading, at time.Time) {
 }
 
 // publishGap is the shortest time between two watermark saves. The
-// watermarks row is written by publish alone, so partitions never contend
-// for it; this bounds that one writer to 200 small transactions a second
+// watermark is saved by publish alone, so partitions never contend for
+// its row; this bounds that one writer to 200 small transactions a second
 // (one round trip each, fenced, committed asynchronously) under any load,
 // and is about the most a wait_for_lsn waits past the moment the watermark
 // moved. Measured (bench -w4-wait, 2-core machine): 2 ms cost the engine
 // about 50 µs of CPU per event at 1k events/s, a save every 2.5 ms.
 const publishGap = 5 * time.Millisecond
 
-// publish is the one writer of the watermarks row while the session runs.
+// publish is the one writer of the watermark while the session runs (a
+// group member's saves go through the group's saver; leaving a group
+// changes only the row's slot_name, session.moveWatermark).
 // It saves the watermark soon after it moves (at most every publishGap),
 // and with each lag measurement (every lag_interval, idle or not, as the
 // heartbeat status and the progress view read). It does nothing while

@@ -1,6 +1,7 @@
 package integration
 
-// Fault tests (DESIGN §1 guarantees 4–5, §3 lost slot, §5 failure taxonomy):
+// Fault tests (guarantees 4–5 of docs/architecture.md, the lost slot and
+// the failure classes of docs/failures.md):
 // every failure ends in the response its class calls for — dead letter,
 // halt, retry or resync — visibly (log, metric, health), and with nothing
 // lost: each test ends with the read model equal to an independent SQL
