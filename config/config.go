@@ -78,9 +78,10 @@ type Engine struct {
 	StatusInterval       time.Duration // standby status update interval, default 10s
 	ShutdownTimeout      time.Duration // default 30s
 	MaxActiveProjections int           // 0 = unlimited
-	// SlowMemberTimeout: a group member whose queue stays full this long
-	// is detached from the group's stream (it catches up on a copy of the
-	// group's slot and joins again), so that it does not hold the others.
+	// SlowMemberTimeout: a group member that held the others back (the
+	// group's stream waited for its full queue while another's ran low)
+	// for half of a window this long is detached from the group's stream
+	// (it catches up on a copy of the group's slot and joins again).
 	// Default 5s.
 	SlowMemberTimeout time.Duration
 }

@@ -120,10 +120,11 @@ type member struct {
 	err  error // why the hub detached it (set before done closes)
 	fed  chan error
 
-	// slowSince is when the member first held the others back (deliver)
-	// since its queue was last found at most half full; zero: it does not.
-	// The stream's goroutine only.
-	slowSince time.Time
+	// slowFrom starts the member's current window of slow_member_timeout;
+	// slowFor is how long in it the stream waited for the member while it
+	// held the others back (deliver). The stream's goroutine only.
+	slowFrom time.Time
+	slowFor  time.Duration
 
 	ownSlot  string     // the member's own slot, "" when its watermark is on the group's
 	accepted bool       // the stream serves it (under hub.mu)
@@ -148,18 +149,17 @@ type hubMsg struct {
 
 // deliver queues msg for m unless m was detached, waiting while m's queue
 // is full. A member holds the group back when the stream waits for it
-// while another member's queue runs low (that one waits for the stream);
-// once m has held the others for slowAfter — counted from the first such
-// wait since m's queue was last found at most half full — m is detached
-// with errSlowMember and the message dropped for it. A catch-up where
-// every queue is full holds nobody back: the group goes at its pace. The
-// stream's goroutine only. An error is ctx's: msg was not queued.
+// while another member's queue runs low (that one waits for the stream).
+// Over windows of slowAfter, a member that held the others back for half
+// of a window or more is detached with errSlowMember and the message
+// dropped for it: a member that keeps up only in bursts (its partitions
+// take a batch, its queue empties, fills again) is as slow as one that
+// never does. A catch-up where every queue is full holds nobody back: the
+// group goes at its pace. The stream's goroutine only. An error is ctx's:
+// msg was not queued.
 func (h *hub) deliver(ctx context.Context, m *member, msg hubMsg) error {
 	select {
 	case m.ch <- msg:
-		if len(m.ch) <= cap(m.ch)/2 {
-			m.slowSince = time.Time{}
-		}
 		return nil
 	case <-m.done:
 		return nil
@@ -171,26 +171,44 @@ func (h *hub) deliver(ctx context.Context, m *member, msg hubMsg) error {
 		defer t.Stop()
 		tick = t.C
 	}
-	for {
-		if tick != nil {
-			switch {
-			case !h.holdsOthers(m):
-				m.slowSince = time.Time{}
-			case m.slowSince.IsZero():
-				m.slowSince = time.Now()
-			case time.Since(m.slowSince) >= h.cfg.slowAfter:
-				h.detachSlow(m)
-				return nil
-			}
+	last := time.Now()
+	if tick != nil && (m.slowFrom.IsZero() || last.Sub(m.slowFrom) > 2*h.cfg.slowAfter) {
+		m.slowFrom, m.slowFor = last, 0 // a new window: none yet, or the last one is stale
+	}
+	// account adds the wait since last to the window when m held the
+	// others back, and closes the window once it is slowAfter long: it
+	// says whether m is to be detached.
+	account := func() bool {
+		now := time.Now()
+		if h.holdsOthers(m) {
+			m.slowFor += now.Sub(last)
 		}
+		last = now
+		if now.Sub(m.slowFrom) < h.cfg.slowAfter {
+			return false
+		}
+		if m.slowFor >= h.cfg.slowAfter/2 {
+			return true
+		}
+		m.slowFrom, m.slowFor = now, 0
+		return false
+	}
+	for {
 		select {
 		case m.ch <- msg:
+			if tick != nil && account() {
+				h.detachSlow(m)
+			}
 			return nil
 		case <-m.done:
 			return nil
 		case <-ctx.Done():
 			return ctx.Err()
 		case <-tick:
+			if account() {
+				h.detachSlow(m)
+				return nil
+			}
 		}
 	}
 }
@@ -292,7 +310,12 @@ func (h *hub) join(ctx context.Context, spec rules.Spec, sink replication.Sink, 
 	// durable (its batches in flight): joining then would let a crash lose
 	// them, since a restart resumes from the slot's confirmed position.
 	durable := sink.Confirmable()
-	if boundary && !h.streaming || h.streaming && !(h.startLSN <= from && h.lastBegun < from && durable >= h.confirmed) {
+	// A member detached as slow joins again only once it applied all its
+	// own stream delivered (it keeps up now): its own stream reads ahead
+	// of what it applies, and joining on that alone would hold the others
+	// back again at once.
+	behindItself := h.slow[memberKey(spec)] && durable < from
+	if boundary && (!h.streaming || behindItself) || h.streaming && !(h.startLSN <= from && h.lastBegun < from && durable >= h.confirmed) {
 		if _, ok := h.waiting[memberKey(spec)]; boundary && !ok {
 			h.waiting[memberKey(spec)] = time.Now()
 		}

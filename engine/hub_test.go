@@ -379,3 +379,22 @@ func TestHubDetachesNobodyWhenAllQueuesAreFull(t *testing.T) {
 	close(a.block)
 	close(b.block)
 }
+
+// A member detached as slow joins again only once it applied everything
+// its own stream delivered.
+func TestHubSlowMemberRejoinsOnlyCaughtUp(t *testing.T) {
+	h := testHub(2)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	h.join(ctx, spec("fast"), &recSink{}, 0, "", false)
+	h.startedAt(0)
+	h.mu.Lock()
+	h.slow[memberKey(spec("slow"))] = true
+	h.mu.Unlock()
+	if _, err := h.join(ctx, spec("slow"), &recSink{confirm: 50}, 100, "own", true); !errors.Is(err, errBehind) {
+		t.Fatalf("a slow member with applied 50 of the 100 its stream delivered joined: %v", err)
+	}
+	if _, err := h.join(ctx, spec("slow"), &recSink{confirm: 100}, 100, "own", true); err != nil {
+		t.Fatalf("a slow member that applied all its stream delivered: %v", err)
+	}
+}
