@@ -114,7 +114,7 @@ Usage:
       transaction committed before the command started (-caught-up) or at
       or before LSN, or for that event of a stream; a progress line every
       second on stderr. Exit 0 when reached, 1 on timeout.
-  pgscribe version
+`+consoleUsage+`  pgscribe version
   pgscribe help
 
 The config path is -config, else $PGSCRIBE_CONFIG, else ./pgscribe.toml.
@@ -243,6 +243,8 @@ func run(args []string, stdout, stderr io.Writer) error {
 		return admin.ShowStatus(ctx, cfg, admin.StatusOptions{JSON: *asJSON, Watch: *watch, Interval: *interval}, stdout)
 	case "deadletters":
 		return deadLetters(fs, configPath, rest, stdout, stderr)
+	case "console":
+		return runConsole(fs, configPath, rest, stdout, stderr)
 	case "pause", "resume":
 		var o admin.ControlOptions
 		act := admin.Resume
@@ -572,5 +574,6 @@ func runEngine(cfg *config.Config, progs []*rules.Program, log *slog.Logger) err
 	}()
 	log.Info("pgscribe starting", "version", version, "node", cfg.Engine.Node, "database", cfg.Database,
 		"projections", len(cfg.Projections))
-	return engine.RunAll(ctx, cfg, engine.RunOptions{Version: version, Logger: log, Hard: hard, Programs: progs})
+	return engine.RunAll(ctx, cfg, engine.RunOptions{Version: version, Logger: log, Hard: hard, Programs: progs,
+		Console: consoleHandler(ctx, cfg, progs, log)})
 }

@@ -343,6 +343,15 @@ func Status(ctx context.Context, cfg *config.Config) (*StatusReport, error) {
 		return nil, err
 	}
 	defer c.close(ctx)
+	return StatusOn(ctx, cfg, c.target, c.source)
+}
+
+// StatusOn is Status on connections the caller holds (the console keeps
+// its own between two refreshes): target holds the engine tables, source
+// the events table and the slots; pass target twice when they are the
+// same database. It must not run on one connection from two goroutines.
+func StatusOn(ctx context.Context, cfg *config.Config, target, source *pgx.Conn) (*StatusReport, error) {
+	c := &conns{target: target, source: source}
 	schema := cfg.Engine.Schema
 	if err := requireMigrated(ctx, c.target, schema); err != nil {
 		return nil, err
@@ -784,3 +793,9 @@ func progressBar(percent float64, width int) string {
 	filled = min(max(filled, 0), width)
 	return "[" + strings.Repeat("#", filled) + strings.Repeat("-", width-filled) + "]"
 }
+
+// FormatBytes renders a byte count as status does: 512 B, 1.5 MiB.
+func FormatBytes(b int64) string { return formatBytes(b) }
+
+// FormatSeconds renders a duration in seconds as status does: 1.5s, 2m3s.
+func FormatSeconds(s float64) string { return formatSeconds(s) }
