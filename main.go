@@ -114,7 +114,7 @@ Usage:
       transaction committed before the command started (-caught-up) or at
       or before LSN, or for that event of a stream; a progress line every
       second on stderr. Exit 0 when reached, 1 on timeout.
-`+consoleUsage+`  pgscribe version
+` + consoleUsage + `  pgscribe version
   pgscribe help
 
 The config path is -config, else $PGSCRIBE_CONFIG, else ./pgscribe.toml.

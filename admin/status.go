@@ -399,6 +399,20 @@ func StatusOn(ctx context.Context, cfg *config.Config, target, source *pgx.Conn)
 		return nil, err
 	}
 
+	// One count for every version: a query per version costs 50 visits of
+	// scattered rows where one pass over the index does.
+	deadLetters, err := deadletter.Counts(ctx, c.target, schema)
+	if err != nil {
+		return nil, err
+	}
+	holders, err := leader.AdvisoryHolders(ctx, c.target)
+	if err != nil {
+		return nil, err
+	}
+	allTotals, err := cursor.AllTotals(ctx, c.target, schema)
+	if err != nil {
+		return nil, err
+	}
 	for i, spec := range cfg.Projections {
 		ps := ProjectionStatus{Projection: spec.Name, Version: spec.Version, Slot: SlotStatus{Name: names[i]},
 			Schema: spec.Schema, Serve: spec.Serve, Group: spec.GroupName(), SharedSlot: names[i] == cfg.GroupSlotName(spec.GroupName())}
@@ -410,27 +424,18 @@ func StatusOn(ctx context.Context, cfg *config.Config, target, source *pgx.Conn)
 			ps.Slot = slot.SlotStatus
 			ps.LagBytes, ps.WALRetainedBytes = slot.lagBytes, slot.retainedBytes
 		}
+		key := event.VersionKey{Projection: spec.Name, Version: spec.Version}
 		store := cursor.New(schema, spec.Name, spec.Version)
 		wm, haveWM, err := store.LoadWatermark(ctx, c.target)
 		if err != nil {
 			return nil, err
 		}
-		totals, err := store.Totals(ctx, c.target)
-		if err != nil {
-			return nil, err
-		}
+		totals := allTotals[key]
 		ls, haveLease, err := leader.Load(ctx, c.target, schema, spec.Name, spec.Version)
 		if err != nil {
 			return nil, err
 		}
-		pid, err := leader.Holder(ctx, c.target, schema, spec.Name, spec.Version)
-		if err != nil {
-			return nil, err
-		}
-		dl, err := deadletter.GetStats(ctx, c.target, schema, deadletter.Filter{Projection: spec.Name, Version: spec.Version})
-		if err != nil {
-			return nil, err
-		}
+		pid := holders[leader.Key(schema, spec.Name, spec.Version)]
 
 		ctl, pendingRetries, err := loadControls(ctx, c.target, schema, spec.Name, spec.Version)
 		if err != nil {
@@ -467,7 +472,7 @@ func StatusOn(ctx context.Context, cfg *config.Config, target, source *pgx.Conn)
 			}
 			ps.Watermark = w
 		}
-		ps.DeadLetters = dl.Total
+		ps.DeadLetters = deadLetters[key]
 		ps.ParkedEvents, ps.ParkedStreams = totals.Parked, totals.ParkedStreams
 		ps.BacklogEvents = max(rep.Events-totals.Accounted(), 0)
 		ps.AdoptedEvents = totals.Adopted
