@@ -70,6 +70,10 @@ func newSampler(s *Server, o Options) *sampler {
 	return &sampler{s: s, opts: o, wake: make(chan struct{}, 1), fresh: make(chan struct{}), hist: map[string]*history{}}
 }
 
+// paceFactor bounds the share of time the sampler spends reading: the
+// next reading waits at least paceFactor times the last one's duration.
+const paceFactor = 20
+
 func versionKey(projection string, version int64) string {
 	return fmt.Sprintf("%s/%d", projection, version)
 }
@@ -82,6 +86,10 @@ func (sm *sampler) run(ctx context.Context) {
 		if time.Since(sm.viewed) < time.Minute {
 			interval = sm.opts.Interval
 		}
+		// A reading that takes long (a large events table: status counts
+		// it) spaces the next ones out, so that the console never keeps
+		// the databases busy more than 1/paceFactor of the time.
+		interval = max(interval, paceFactor*sm.last.Took)
 		sm.mu.Unlock()
 		t := time.NewTimer(interval)
 		select {
@@ -149,14 +157,15 @@ func (sm *sampler) status(ctx context.Context) (*admin.StatusReport, error) {
 
 // current returns the latest reading for a page view. A view makes the
 // sampler read every Interval for the next minute; when the latest
-// reading is older than three intervals (or there is none yet) it asks for
-// a new one and waits for it, at most until ctx ends or 5 seconds pass.
+// reading is older than three intervals and than twice its pacing (or
+// there is none yet) it asks for a new one and waits for it, at most until
+// ctx ends or 5 seconds pass.
 func (sm *sampler) current(ctx context.Context) sample {
 	sm.mu.Lock()
 	sm.viewed = time.Now()
 	last, fresh := sm.last, sm.fresh
 	sm.mu.Unlock()
-	if !last.At.IsZero() && time.Since(last.At) < 3*sm.opts.Interval {
+	if !last.At.IsZero() && time.Since(last.At) < max(3*sm.opts.Interval, 2*paceFactor*last.Took) {
 		return last
 	}
 	select {
