@@ -10,8 +10,10 @@ package integration
 // README's).
 
 import (
+	"bufio"
 	"context"
 	"fmt"
+	"io"
 	"net/http"
 	"net/url"
 	"os"
@@ -247,4 +249,67 @@ func screenshotDir(t *testing.T) string {
 		t.Fatal(err)
 	}
 	return dir
+}
+
+// TestConsoleStandalone: `pgscribe console` serves the console on its own
+// listener with no engine running; the versions show as stopped, with
+// their dead letters, and Ctrl-C (SIGINT) ends it with exit 0.
+func TestConsoleStandalone(t *testing.T) {
+	e, cfg := newCLIAccounts(t, "standalone", cliBalances, 5, 15)
+	p := e.start(cfg)
+	e.waitAccounted(p, "balances", 1)
+	p.stop()
+
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	cmd := cliCommand(ctx, e.bin, "console", "-config", cfg, "-listen", "127.0.0.1:0")
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = cmd.Process.Kill() }()
+	line, err := bufio.NewReader(stdout).ReadString('\n')
+	if err != nil {
+		t.Fatalf("pgscribe console printed no address: %v\n%s", err, stderr.String())
+	}
+	base, ok := strings.CutPrefix(strings.Fields(line + " x x x")[3], "http://")
+	if !ok {
+		t.Fatalf("pgscribe console: first line %q, want its URL", line)
+	}
+	base = "http://" + strings.TrimSuffix(base, "/")
+	body := httpGet(t, base+"/")
+	for _, want := range []string{`id="v-balances-1" data-state="stopped"`, `class="deadletters warn">5<`} {
+		if !strings.Contains(body, want) {
+			t.Errorf("the standalone overview lacks %q:\n%s", want, body)
+		}
+	}
+	if v := httpGet(t, base+"/v/balances/1"); !strings.Contains(v, "non-positive withdrawal: 0") {
+		t.Errorf("the version page lacks the dead letters' error:\n%s", v)
+	}
+	if err := cmd.Process.Signal(os.Interrupt); err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Wait(); err != nil {
+		t.Errorf("pgscribe console after SIGINT: %v\n%s", err, stderr.String())
+	}
+}
+
+// httpGet returns the body of a 200 answer to GET url.
+func httpGet(t *testing.T, url string) string {
+	t.Helper()
+	resp, err := http.Get(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil || resp.StatusCode != http.StatusOK {
+		t.Fatalf("GET %s: %d %v\n%s", url, resp.StatusCode, err, b)
+	}
+	return string(b)
 }
