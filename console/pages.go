@@ -175,6 +175,8 @@ type versionData struct {
 	NextAfter   int64
 	Parked      []deadletter.ParkedStream
 	Rules       []rules.RuleSpec
+	History     []series
+	Span        time.Duration // of History
 	Err         string
 }
 
@@ -196,6 +198,7 @@ func (s *Server) versionPage(w http.ResponseWriter, r *http.Request) {
 		for _, p := range smp.Report.Projections {
 			if p.Projection == proj && p.Version == ver {
 				d.Card, d.Found = s.cardOf(p), true
+				d.History, d.Span = historyOf(s.sampler.points(proj, ver))
 				if d.Card.Spec != nil {
 					d.Rules = d.Card.Spec.Rules
 				}

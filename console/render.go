@@ -122,9 +122,13 @@ func progressBar(percent float64) template.HTML {
 // range (from 0), with the last value's dot. Only numbers go into the
 // markup. Fewer than two values draw an empty frame.
 func sparkline(values []float64, label string) template.HTML {
-	const w, h = 120.0, 24.0
+	return drawLine(values, label, "spark", 120, 24)
+}
+
+// drawLine is sparkline at any size, with the svg element's class.
+func drawLine(values []float64, label, class string, w, h float64) template.HTML {
 	var b strings.Builder
-	fmt.Fprintf(&b, `<svg class="spark" viewBox="0 0 %g %g" preserveAspectRatio="none" role="img" aria-label="%s">`, w, h, template.HTMLEscapeString(label))
+	fmt.Fprintf(&b, `<svg class="%s" viewBox="0 0 %g %g" preserveAspectRatio="none" role="img" aria-label="%s">`, class, w, h, template.HTMLEscapeString(label))
 	if len(values) >= 2 {
 		top := 0.0
 		for _, v := range values {
@@ -190,4 +194,38 @@ func lastRate(pts []point) float64 {
 		return 0
 	}
 	return r[len(r)-1]
+}
+
+// series is one history chart of a version page.
+type series struct {
+	Name  string
+	Unit  string
+	Now   float64
+	Max   float64
+	Chart template.HTML
+}
+
+// historyOf draws a version's history as the version page's charts.
+func historyOf(pts []point) (out []series, span time.Duration) {
+	if len(pts) > 1 {
+		span = pts[len(pts)-1].At.Sub(pts[0].At).Round(time.Second)
+	}
+	for _, s := range []struct {
+		name, unit string
+		values     []float64
+	}{
+		{"lag", "s", lagValues(pts)},
+		{"backlog", "events", backlogValues(pts)},
+		{"throughput", "events/s", rateValues(pts)},
+	} {
+		sr := series{Name: s.name, Unit: s.unit, Chart: drawLine(s.values, s.name+" history", "chart", 600, 80)}
+		for _, v := range s.values {
+			sr.Max = math.Max(sr.Max, v)
+		}
+		if len(s.values) > 0 {
+			sr.Now = s.values[len(s.values)-1]
+		}
+		out = append(out, sr)
+	}
+	return out, span
 }
