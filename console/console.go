@@ -31,6 +31,10 @@ type Options struct {
 	// Idle is how often it is read otherwise (the sparklines keep going);
 	// default 15s.
 	Idle time.Duration
+	// Sleep is how long after the last page view the console keeps
+	// reading at all; then it reads nothing until the next view (which
+	// waits for a fresh reading). Default 10m.
+	Sleep time.Duration
 	// History is how many samples each version keeps; default 180 (six
 	// minutes at 2s).
 	History int
@@ -45,6 +49,9 @@ func (o Options) withDefaults() Options {
 	}
 	if o.Idle <= 0 {
 		o.Idle = 15 * time.Second
+	}
+	if o.Sleep <= 0 {
+		o.Sleep = 10 * time.Minute
 	}
 	if o.History <= 0 {
 		o.History = 180

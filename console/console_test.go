@@ -2,6 +2,7 @@ package console
 
 import (
 	"bytes"
+	"context"
 	"errors"
 	"io"
 	"log/slog"
@@ -180,5 +181,41 @@ func TestSparkline(t *testing.T) {
 	rates := rateValues([]point{{At: time.Unix(0, 0), Accounted: 0}, {At: time.Unix(2, 0), Accounted: 10}})
 	if len(rates) != 1 || rates[0] != 5 {
 		t.Errorf("rateValues = %v, want [5]", rates)
+	}
+}
+
+// TestSamplerSleepsUnwatched: the sampler reads nothing before the first
+// page view, one reading for the view, and stops again Sleep after it.
+func TestSamplerSleepsUnwatched(t *testing.T) {
+	s := newTestServer(t, config.Metrics{Console: true})
+	s.opts.Interval, s.opts.Idle, s.opts.Sleep = 5*time.Millisecond, 5*time.Millisecond, 200*time.Millisecond
+	s.sampler.opts = s.opts
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); s.sampler.run(ctx) }()
+	defer func() { cancel(); <-done }()
+	readings := func() int64 {
+		s.sampler.mu.Lock()
+		defer s.sampler.mu.Unlock()
+		return s.sampler.readings
+	}
+	time.Sleep(100 * time.Millisecond)
+	if n := readings(); n != 0 {
+		t.Fatalf("%d readings before any view, want 0", n)
+	}
+	smp := s.sampler.current(ctx) // unreachable database: a reading with its error
+	if smp.Err == nil || readings() < 1 {
+		t.Fatalf("a view got %+v after %d readings, want a reading with an error", smp, readings())
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		before := readings()
+		time.Sleep(300 * time.Millisecond)
+		if readings() == before {
+			break // asleep again
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("still reading %v after the last view (Sleep is 200ms)", 10*time.Second)
+		}
 	}
 }

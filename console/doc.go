@@ -8,8 +8,8 @@
 // the CLI reads it, so it works from any host with no engine running; the
 // actions call the same admin functions as the CLI commands. A sampler
 // goroutine reads the status every Interval while someone looks (every Idle
-// otherwise, and never sooner than 20 times the last reading's duration)
-// on pooled connections, and keeps History samples per version
+// for Sleep after the last view, then not until the next view; never
+// sooner than 20 times the last reading's duration) on pooled connections, and keeps History samples per version
 // for the sparklines; a page view renders the latest sample and costs the
 // database nothing. Version pages read dead letters on demand, one page of
 // them at a time.

@@ -78,9 +78,11 @@ func versionKey(projection string, version int64) string {
 	return fmt.Sprintf("%s/%d", projection, version)
 }
 
+// run reads the status until ctx ends: every Interval while a page was
+// viewed in the last minute, every Idle until Sleep after the last view,
+// and then (as before the first view) only when a view asks for it.
 func (sm *sampler) run(ctx context.Context) {
 	for {
-		sm.read(ctx)
 		sm.mu.Lock()
 		interval := sm.opts.Idle
 		if time.Since(sm.viewed) < time.Minute {
@@ -90,16 +92,24 @@ func (sm *sampler) run(ctx context.Context) {
 		// it) spaces the next ones out, so that the console never keeps
 		// the databases busy more than 1/paceFactor of the time.
 		interval = max(interval, paceFactor*sm.last.Took)
+		// Every node runs a console by default: unwatched, it must cost
+		// the databases nothing.
+		asleep := sm.viewed.IsZero() || time.Since(sm.viewed) > sm.opts.Sleep
 		sm.mu.Unlock()
+		var tick <-chan time.Time
 		t := time.NewTimer(interval)
+		if !asleep {
+			tick = t.C
+		}
 		select {
 		case <-ctx.Done():
 			t.Stop()
 			return
 		case <-sm.wake:
-			t.Stop()
-		case <-t.C:
+		case <-tick:
 		}
+		t.Stop()
+		sm.read(ctx)
 	}
 }
 
