@@ -14,8 +14,8 @@
 //     sampler runs every 2 s while a page is viewed): wall time, and the
 //     database's own time for it (planning + execution, pg_stat_statements);
 //   - the overview page (GET / on console.Server, the latest reading
-//     rendered): wall time, size, and the transactions it cost the database
-//     (pg_stat_database.xact_commit);
+//     rendered): wall time, size, and the statements and time it cost the
+//     database (pg_stat_statements, as for the others);
 //   - a version page (GET /v/p01/1: 50 dead letters, counts by kind, parked
 //     streams, all read on the request): wall time and database time.
 //
@@ -228,18 +228,16 @@ FROM pg_stat_statements WHERE dbid = (SELECT oid FROM pg_database WHERE datname 
 	time.Sleep(5 * time.Second)
 	var size int
 	overview := make([]time.Duration, 0, runs*10)
-	commits := scalar(ctx, conn, `SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()`)
-	for range runs * 10 {
+	dbOverview, err := dbTime(ctx, conn, runs*10, func() error {
 		d, n, err := get("/")
-		if err != nil {
-			return err
-		}
 		overview, size = append(overview, d), n
+		return err
+	})
+	if err != nil {
+		return err
 	}
-	// This query's own transaction is one of the count.
-	views := scalar(ctx, conn, `SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()`) - commits - 1
-	add("overview page (GET /, rendered from the latest reading)", overview,
-		fmt.Sprintf("%d transactions in %d views", max(views, 0), len(overview)), fmt.Sprintf("%d KiB of HTML", size/1024))
+	add("overview page (GET /, rendered from the latest reading)", overview, dbOverview.String(),
+		fmt.Sprintf("%.2f statements per view, %d KiB of HTML", dbOverview.perView, size/1024))
 
 	// A version page: one page of dead letters, counts, parked streams.
 	version := make([]time.Duration, 0, runs)
@@ -264,8 +262,9 @@ FROM pg_stat_statements WHERE dbid = (SELECT oid FROM pg_database WHERE datname 
 
 // dbStat is the database's own time for a series of runs, per run.
 type dbStat struct {
-	perRun time.Duration
-	calls  int64
+	perRun  time.Duration
+	calls   int64
+	perView float64 // calls per run, unrounded
 }
 
 func (s dbStat) String() string { return ms(s.perRun) }
@@ -290,7 +289,8 @@ FROM pg_stat_statements WHERE dbid = (SELECT oid FROM pg_database WHERE datname 
 	if err != nil {
 		return dbStat{}, err
 	}
-	return dbStat{perRun: time.Duration(total / float64(runs) * float64(time.Millisecond)), calls: calls / int64(runs)}, nil
+	return dbStat{perRun: time.Duration(total / float64(runs) * float64(time.Millisecond)), calls: calls / int64(runs),
+		perView: float64(calls) / float64(runs)}, nil
 }
 
 func scalar(ctx context.Context, conn *pgx.Conn, sql string) int64 {
