@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
@@ -216,6 +217,62 @@ func TestSamplerSleepsUnwatched(t *testing.T) {
 		}
 		if time.Now().After(deadline) {
 			t.Fatalf("still reading %v after the last view (Sleep is 200ms)", 10*time.Second)
+		}
+	}
+}
+
+func TestSelection(t *testing.T) {
+	tests := []struct {
+		name     string
+		query    string
+		wantErr  bool
+		wantIDs  []int64
+		wantKind string
+		wantSays string
+	}{
+		{name: "everything", query: "", wantSays: "every dead letter of this version"},
+		{name: "ids, repeated and comma-separated", query: "id=3&id=5,7", wantIDs: []int64{3, 5, 7}, wantSays: "the dead letters with id 3, 5, 7"},
+		{name: "rule becomes its kind", query: "rule=open&stream=s1", wantKind: "rule:open", wantSays: "the dead letters with rule open, stream s1"},
+		{name: "kind", query: "kind=commit%3A23505", wantKind: "commit:23505", wantSays: "the dead letters with kind commit:23505"},
+		{name: "not an id", query: "id=x", wantErr: true},
+		{name: "id zero", query: "id=0", wantErr: true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			r := httptest.NewRequest("GET", "/v/p/1/retry?"+tt.query, nil)
+			_ = r.ParseForm()
+			sel, err := selectionOf(r)
+			if (err != nil) != tt.wantErr {
+				t.Fatalf("selectionOf: err = %v, wantErr %v", err, tt.wantErr)
+			}
+			if tt.wantErr {
+				return
+			}
+			f := sel.filter("p", 1)
+			if f.Projection != "p" || f.Version != 1 || f.ErrorKind != tt.wantKind || fmt.Sprint(f.IDs) != fmt.Sprint(tt.wantIDs) {
+				t.Errorf("filter = %+v, want kind %q, ids %v", f, tt.wantKind, tt.wantIDs)
+			}
+			if got := sel.Describe(); got != tt.wantSays {
+				t.Errorf("Describe = %q, want %q", got, tt.wantSays)
+			}
+		})
+	}
+}
+
+func TestFilterQuery(t *testing.T) {
+	f := dlFilter{Kind: "rule:a&b", Stream: "s 1"}
+	if got := string(f.Query()); got != "kind=rule%3Aa%26b&stream=s+1" {
+		t.Errorf("Query = %q", got)
+	}
+}
+
+func TestProgressBar(t *testing.T) {
+	for _, tt := range []struct {
+		percent float64
+		want    string
+	}{{-5, `width="0.00"`}, {42.5, `width="42.50"`}, {250, `width="100.00"`}} {
+		if got := string(progressBar(tt.percent)); !strings.Contains(got, tt.want) {
+			t.Errorf("progressBar(%v) = %s, want %s", tt.percent, got, tt.want)
 		}
 	}
 }
