@@ -59,5 +59,9 @@ func consoleHandler(ctx context.Context, cfg *config.Config, progs []*rules.Prog
 		return nil
 	}
 	go func() { _ = c.Run(ctx) }()
+	if !console.Loopback(cfg.Metrics.Listen) {
+		log.Warn("the console serves projection state and dead letters' event data on a non-loopback address: "+
+			"set [metrics] console = false, or restrict who can reach it (docs/console.md)", "addr", cfg.Metrics.Listen)
+	}
 	return c
 }

@@ -186,3 +186,17 @@ func ListenAndServe(ctx context.Context, addr string, s *Server, ready func(addr
 	}
 	return err
 }
+
+// Loopback reports whether a listen address (host:port) binds loopback
+// only; an empty host or a name that is not localhost binds more.
+func Loopback(addr string) bool {
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		return false
+	}
+	if host == "localhost" {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
+}

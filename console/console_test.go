@@ -276,3 +276,14 @@ func TestProgressBar(t *testing.T) {
 		}
 	}
 }
+
+func TestLoopback(t *testing.T) {
+	for addr, want := range map[string]bool{
+		"127.0.0.1:9187": true, "localhost:9187": true, "[::1]:9187": true,
+		":9187": false, "0.0.0.0:9187": false, "10.0.0.5:9187": false, "example.com:80": false, "nonsense": false,
+	} {
+		if got := Loopback(addr); got != want {
+			t.Errorf("Loopback(%q) = %v, want %v", addr, got, want)
+		}
+	}
+}
