@@ -4,7 +4,6 @@ import (
 	"context"
 	"flag"
 	"fmt"
-	"io"
 	"log/slog"
 	"net/http"
 
@@ -18,32 +17,33 @@ import (
 // both run on one host.
 const defaultConsoleListen = "127.0.0.1:9188"
 
-// consoleUsage is the console's entry in the usage text.
-const consoleUsage = `  pgscribe console [-config FILE] [-listen 127.0.0.1:9188]
+// consoleUsage is the console's lines in help.
+const consoleUsage = `
+  pgscribe console [-config FILE] [-listen 127.0.0.1:9188]
       Serve the web console on its own listener, with or without an engine
       running (pgscribe run also serves it on the metrics listener while
       [metrics] console = true, the default). See docs/console.md.
 `
 
-// runConsole runs `pgscribe console` until SIGINT or SIGTERM.
-func runConsole(fs *flag.FlagSet, configPath *string, args []string, stdout, stderr io.Writer) error {
+// defineConsole defines `pgscribe console`, which serves the console until
+// SIGINT or SIGTERM.
+func defineConsole(fs *flag.FlagSet, c *cmdEnv) func() error {
 	listen := fs.String("listen", defaultConsoleListen, "`address` to serve the console on (host:port)")
-	if err := parse(fs, args); err != nil {
-		return err
+	return func() error {
+		cfg, log, progs, err := loadPrograms(*c.config, c.stderr, true)
+		if err != nil {
+			return err
+		}
+		con, err := console.New(cfg, progs, log, console.Options{})
+		if err != nil {
+			return err
+		}
+		ctx, stop := signalContext()
+		defer stop()
+		return console.ListenAndServe(ctx, *listen, con, func(addr string) {
+			fmt.Fprintf(c.stdout, "pgscribe console at http://%s/ (Ctrl-C to stop)\n", addr)
+		})
 	}
-	cfg, log, progs, err := loadPrograms(*configPath, stderr, true)
-	if err != nil {
-		return err
-	}
-	c, err := console.New(cfg, progs, log, console.Options{})
-	if err != nil {
-		return err
-	}
-	ctx, stop := signalContext()
-	defer stop()
-	return console.ListenAndServe(ctx, *listen, c, func(addr string) {
-		fmt.Fprintf(stdout, "pgscribe console at http://%s/ (Ctrl-C to stop)\n", addr)
-	})
 }
 
 // consoleHandler builds the console that `pgscribe run` serves on its

@@ -4,8 +4,13 @@ import (
 	"bytes"
 	"os"
 	"path/filepath"
+	"regexp"
+	"slices"
 	"strings"
 	"testing"
+
+	"github.com/pgscribe/pgscribe/config"
+	"github.com/pgscribe/pgscribe/event"
 )
 
 // The example fixtures pass against config.toml.example's rules, with no
@@ -67,6 +72,53 @@ func TestRulesCommandsUsage(t *testing.T) {
 		var out, errOut bytes.Buffer
 		if err := run(args, &out, &errOut); exitCode(err) != 2 {
 			t.Errorf("pgscribe %s: exit %d (want 2): %v", strings.Join(args, " "), exitCode(err), err)
+		}
+	}
+}
+
+// config.toml.example shows every op once: the ops its tables have no use
+// for are rules commented out with "#   ". Uncommented, the file still
+// passes `check -offline`, and its rules use every op of event.Ops.
+func TestExampleConfigEveryOp(t *testing.T) {
+	src, err := os.ReadFile(filepath.Join(srcDir, "config.toml.example"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var b strings.Builder
+	for _, l := range strings.SplitAfter(string(src), "\n") {
+		if rest, ok := strings.CutPrefix(l, "#   "); ok && !strings.HasPrefix(rest, " ") {
+			l = "  " + rest
+		}
+		b.WriteString(l)
+	}
+	cfg := filepath.Join(t.TempDir(), "uncommented.toml")
+	if err := os.WriteFile(cfg, []byte(b.String()), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	var out bytes.Buffer
+	if err := run([]string{"check", "-offline", "-config", cfg}, &out, &out); err != nil {
+		t.Fatalf("check -offline of config.toml.example with its commented rules: %v\n%s", err, out.String())
+	}
+	c, err := config.Load(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var used []string
+	for _, p := range c.Projections {
+		for _, r := range p.Rules {
+			used = append(used, r.Op)
+		}
+	}
+	for _, op := range event.OpNames() {
+		if !slices.Contains(used, op) {
+			t.Errorf("config.toml.example has no rule with op = %q, not even commented out", op)
+		}
+	}
+	// And every key, set or commented out ("# node = …").
+	for _, k := range config.Keys() {
+		name := k[strings.LastIndex(k, ".")+1:]
+		if !regexp.MustCompile(`(?m)^[ #]*` + name + ` *=`).MatchString(b.String()) {
+			t.Errorf("config.toml.example does not show the key %s", k)
 		}
 	}
 }

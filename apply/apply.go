@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"iter"
 	"log/slog"
 	"time"
 
@@ -183,6 +184,17 @@ type planned struct {
 	failure  error  // that failure
 }
 
+// applying yields the events of plan whose writes apply, in order.
+func applying(plan []planned) iter.Seq[*planned] {
+	return func(yield func(*planned) bool) {
+		for i := range plan {
+			if plan[i].out == outApply && !yield(&plan[i]) {
+				return
+			}
+		}
+	}
+}
+
 // circuit tracks consecutive same-SQLSTATE integrity failures of one
 // partition across batches. Not safe for concurrent use: one per partition.
 type circuit struct {
@@ -328,6 +340,23 @@ type statementError struct {
 func (e *statementError) Error() string { return fmt.Sprintf("write %s: %v", e.table, e.err) }
 func (e *statementError) Unwrap() error { return e.err }
 
+// An attempt is one transaction for a batch, in stages:
+//
+//   - begin: BEGIN and the fence check, with the reads of the cursors the
+//     partition's cache does not hold;
+//   - dedupe: events at or below their stream's cursor are duplicates, the
+//     others advance it;
+//   - decide: the outcome of each remaining event (pre-check, isolation,
+//     circuit, park), or errSuspect to wait for more events;
+//   - book: count the outcomes and build the bookkeeping (dead letters,
+//     held events, cursor advances);
+//   - send: the writes, the bookkeeping and COMMIT;
+//   - report: once committed, what the batch did, to the Observer.
+//
+// An attempt works on copies of the batch's outcomes and of the
+// partition's circuit: only a committed attempt keeps what it decided (the
+// circuit, the cursor cache) and reports it.
+
 // attempt runs one transaction for the batch. In the common case (no
 // event to isolate, every stream's cursor in the partition's cache) that is
 // one round trip: BEGIN, the fence check, the writes, dead letters, cursor
@@ -352,12 +381,54 @@ func (c *Committer) attempt(ctx context.Context, evals []planned, isolate, final
 		}
 	}()
 
-	// Dedup against the per-stream cursors: the partition's cache of what
-	// its own commits wrote (valid while the fence check passes: no other
-	// node wrote since this one took the lease), and for the other streams
-	// the cursors read in this transaction, after the fence check.
-	curs := make(map[string]cursor.Cursor, len(evals))
-	var misses []string
+	curs, misses := cachedCursors(evals, &part.cursors)
+	pl, err := c.begin(ctx, conn, curs, misses, isolate)
+	if err != nil {
+		return Result{}, err
+	}
+	a := c.dedupe(evals, curs)
+	// The circuit is updated on a copy and kept only if this attempt commits,
+	// so a retried attempt does not count the same failures twice.
+	a.circ = part.circ
+	if err := c.decide(ctx, conn, a, &pl.missing, isolate, final); err != nil {
+		return Result{}, err
+	}
+	bk, err := c.book(a)
+	if err != nil {
+		return Result{}, err
+	}
+	if err := c.send(ctx, conn, pl, a.plan, bk, isolate); err != nil {
+		return Result{}, err
+	}
+	part.circ = a.circ
+	part.cursors.put(a.curs)
+	c.report(a, bk, pl.missing)
+	return bk.res, nil
+}
+
+// rollbackTimeout bounds the ROLLBACK of a failed batch transaction.
+const rollbackTimeout = 5 * time.Second
+
+// attemptPlan is what one attempt works out about its batch, stage by
+// stage. A failed attempt drops it: none of its decisions leak into the
+// next attempt.
+type attemptPlan struct {
+	plan  []planned                  // a copy of the batch's outcomes
+	curs  map[string]cursor.Cursor   // each stream's cursor, moved past the batch
+	adv   map[string]*cursor.Advance // each stream's cursor advance
+	order []string                   // the streams of adv, in batch order
+	gaps  int                        // events past a gap in their stream
+	circ  circuit                    // a copy of the partition's circuit
+	held  []deadletter.Row           // events held behind their parked stream
+}
+
+// cachedCursors returns the cursors of the batch's streams that the
+// partition's cache holds, and the streams whose cursors must be read, in
+// batch order. A cached cursor is what the partition's own commits wrote:
+// valid while the fence check passes (no other node wrote since this one
+// took the lease).
+func cachedCursors(evals []planned, cache *cursorCache) (curs map[string]cursor.Cursor, misses []string) {
+	curs = make(map[string]cursor.Cursor, len(evals))
 	missed := make(map[string]struct{})
 	for i := range evals {
 		id := evals[i].ev.StreamID
@@ -367,13 +438,23 @@ func (c *Committer) attempt(ctx context.Context, evals []planned, isolate, final
 		if _, ok := missed[id]; ok {
 			continue
 		}
-		if cur, ok := part.cursors.get(id); ok {
+		if cur, ok := cache.get(id); ok {
 			curs[id] = cur
 			continue
 		}
 		missed[id] = struct{}{}
 		misses = append(misses, id)
 	}
+	return curs, misses
+}
+
+// begin queues BEGIN, the fence check and the reads of the cursors of
+// misses (into curs, after the fence check). When there are cursors to
+// read, or the attempt isolates (its writes take round trips of their
+// own), it sends them now: the first round trip. It returns the pipeline
+// the rest of the attempt adds to: a new one after a first round trip,
+// else the one that holds BEGIN.
+func (c *Committer) begin(ctx context.Context, tx dbtx, curs map[string]cursor.Cursor, misses []string, isolate bool) (*pipeline, error) {
 	pl := &pipeline{}
 	pl.exec("begin", "")
 	sql, args := c.fence.CheckStatement()
@@ -383,162 +464,195 @@ func (c *Committer) attempt(ctx context.Context, evals []planned, isolate, final
 		}
 		return nil
 	})
-	if isolate || len(misses) > 0 {
-		if len(misses) > 0 {
-			sql, args := c.cursors.LoadStatement(misses)
-			pl.add(sql, args, func(br pgx.BatchResults) error {
-				rows, err := br.Query()
-				if err != nil {
-					return fmt.Errorf("load cursors: %w", err)
-				}
-				return cursor.ScanInto(rows, curs)
-			})
-		}
-		if err := pl.send(ctx, conn); err != nil {
-			return Result{}, err
-		}
-		pl = &pipeline{}
+	if !isolate && len(misses) == 0 {
+		return pl, nil
 	}
-	gaps := 0 // reported only once this attempt commits
-	adv := make(map[string]*cursor.Advance, len(curs))
-	order := make([]string, 0, len(curs))
-	// Work on a copy of the outcomes: a failed attempt must not leak
-	// isolation decisions into the next one.
-	plan := make([]planned, len(evals))
-	copy(plan, evals)
-	for i := range plan {
-		p := &plan[i]
+	if len(misses) > 0 {
+		sql, args := c.cursors.LoadStatement(misses)
+		pl.add(sql, args, func(br pgx.BatchResults) error {
+			rows, err := br.Query()
+			if err != nil {
+				return fmt.Errorf("load cursors: %w", err)
+			}
+			return cursor.ScanInto(rows, curs)
+		})
+	}
+	if err := pl.send(ctx, tx); err != nil {
+		return nil, err
+	}
+	return &pipeline{}, nil
+}
+
+// dedupe starts the attempt's plan from a copy of evals: an event at or
+// below its stream's cursor is a duplicate; any other moves the cursor
+// (in curs) and the stream's advance to its position. An event that
+// skips positions of its stream is a gap: logged now, reported to the
+// Observer only once the attempt commits.
+func (c *Committer) dedupe(evals []planned, curs map[string]cursor.Cursor) *attemptPlan {
+	a := &attemptPlan{
+		plan:  make([]planned, len(evals)),
+		curs:  curs,
+		adv:   make(map[string]*cursor.Advance, len(curs)),
+		order: make([]string, 0, len(curs)),
+	}
+	copy(a.plan, evals)
+	for i := range a.plan {
+		p := &a.plan[i]
 		cur, had := curs[p.ev.StreamID]
 		if had && p.ev.StreamPosition <= cur.StreamPosition {
 			p.out = outDuplicate
 			continue
 		}
 		if (had && p.ev.StreamPosition > cur.StreamPosition+1) || (!had && p.ev.StreamPosition > 1) {
-			gaps++
+			a.gaps++
 			c.log.Warn("stream gap", "projection", c.opts.Projection, "version", c.opts.Version,
 				"stream_id", p.ev.StreamID, "cursor", cur.StreamPosition, "stream_position", p.ev.StreamPosition)
 		}
 		curs[p.ev.StreamID] = cursor.Cursor{StreamPosition: p.ev.StreamPosition, Position: p.ev.Position, ParkedSince: cur.ParkedSince}
-		a, ok := adv[p.ev.StreamID]
+		adv, ok := a.adv[p.ev.StreamID]
 		if !ok {
-			a = &cursor.Advance{StreamID: p.ev.StreamID}
-			adv[p.ev.StreamID] = a
-			order = append(order, p.ev.StreamID)
+			adv = &cursor.Advance{StreamID: p.ev.StreamID}
+			a.adv[p.ev.StreamID] = adv
+			a.order = append(a.order, p.ev.StreamID)
 		}
-		a.StreamPosition, a.Position = p.ev.StreamPosition, p.ev.Position
+		adv.StreamPosition, adv.Position = p.ev.StreamPosition, p.ev.Position
 	}
+	return a
+}
 
-	// The circuit is updated on a copy and kept only if this attempt commits,
-	// so a retried attempt does not count the same failures twice.
-	circLocal := part.circ
-	parked := c.parkedStreams(curs)
-	if err := c.precheck(ctx, conn.Conn().PgConn(), conn, plan); err != nil {
-		return Result{}, err
+// decide settles the outcome of each event of the plan: the pre-check,
+// the isolated pass when isolating (its writes are applied now, their
+// misses added to missing), the circuit (on a.circ) and the park rule. It
+// returns errSuspect, unless final, when nothing applied and integrity
+// failures would be dead-lettered.
+func (c *Committer) decide(ctx context.Context, conn *pgxpool.Conn, a *attemptPlan, missing *missTally, isolate, final bool) error {
+	parked := c.parkedStreams(a.curs)
+	if err := c.precheck(ctx, conn.Conn().PgConn(), conn, a.plan); err != nil {
+		return err
 	}
 	if isolate {
-		if err := c.isolate(ctx, conn, plan, circLocal, &pl.missing, parked); err != nil {
-			return Result{}, err
+		if err := c.isolate(ctx, conn, a.plan, a.circ, missing, parked); err != nil {
+			return err
 		}
 	}
-	if err := c.walkCircuit(plan, &circLocal); err != nil {
-		return Result{}, err
+	if err := c.walkCircuit(a.plan, &a.circ); err != nil {
+		return err
 	}
 	applied, failed := 0, 0
-	for i := range plan {
+	for i := range a.plan {
 		switch {
-		case plan[i].out == outApply:
+		case a.plan[i].out == outApply:
 			applied++
-		case plan[i].out == outDead && plan[i].sqlstate != "":
+		case a.plan[i].out == outDead && a.plan[i].sqlstate != "":
 			failed++
 		}
 	}
 	if applied == 0 && failed > 0 && !final && !c.opts.HaltOnError {
-		return Result{}, errSuspect
+		return errSuspect
 	}
-
-	// Outcomes are final here: isolation has run, and a pipelined write
-	// failure fails the whole attempt.
-	held := c.parkPlan(plan, parked, adv, curs)
-	var dead []deadletter.Row
-	var kinds []string
-	for i := range plan {
-		p := &plan[i]
-		a := adv[p.ev.StreamID]
-		switch p.out {
-		case outDuplicate:
-			res.Duplicates++
-		case outSkip:
-			res.Skipped++
-			a.Skipped++
-		case outApply:
-			res.Applied++
-			a.Applied++
-		case outDead:
-			res.DeadLettered++
-			a.DeadLettered++
-			dead = append(dead, deadletter.FromEvent(c.opts.Projection, c.opts.Version, p.ev, p.kind, p.message))
-			kinds = append(kinds, p.kind)
-		case outPark:
-			res.Parked++
-			a.Parked++
-		}
-	}
-	if c.opts.HaltOnError && len(dead) > 0 {
-		return Result{}, &HaltError{Reason: fmt.Sprintf("on_error = halt: event %s (stream %s position %d) would be dead-lettered as %s: %s",
-			dead[0].EventID, dead[0].StreamID, dead[0].StreamPosition, dead[0].ErrorKind, dead[0].ErrorMessage)}
-	}
-	advances := make([]cursor.Advance, 0, len(order))
-	for _, id := range order {
-		advances = append(advances, *adv[id])
-	}
-	// The bookkeeping of the batch: its dead letters and cursor advances.
-	// In the pipelined path it rides in the same round trip as the writes.
-	book := func(q event.Querier) error {
-		if len(dead) > 0 {
-			if err := deadletter.Insert(ctx, q, c.opts.Schema, dead); err != nil {
-				return fmt.Errorf("insert dead letters: %w", err)
-			}
-		}
-		if err := deadletter.Park(ctx, q, c.opts.Schema, held); err != nil {
-			return err
-		}
-		if len(advances) > 0 {
-			if err := c.cursors.Advance(ctx, q, advances); err != nil {
-				return fmt.Errorf("advance cursors: %w", err)
-			}
-		}
-		return nil
-	}
-	if isolate {
-		if err := book(conn); err != nil {
-			return Result{}, err
-		}
-		tag, err := conn.Exec(ctx, "commit")
-		if err := committed(tag, err); err != nil {
-			return Result{}, err
-		}
-	} else {
-		if err := c.applyPipelined(ctx, conn, pl, plan, book); err != nil {
-			return Result{}, err
-		}
-	}
-	part.circ = circLocal
-	part.cursors.put(curs)
-	for rule, n := range pl.missing.counts {
-		c.obs.RowsMissing(rule, n)
-	}
-	for range gaps {
-		c.obs.Gap()
-	}
-	c.obs.Outcomes(res.Applied, res.Skipped, res.DeadLettered)
-	for _, k := range kinds {
-		c.obs.DeadLettered(k)
-	}
-	return res, nil
+	a.held = c.parkPlan(a.plan, parked, a.adv, a.curs)
+	return nil
 }
 
-// rollbackTimeout bounds the ROLLBACK of a failed batch transaction.
-const rollbackTimeout = 5 * time.Second
+// bookkeeping is what a batch writes besides its read-model writes, with
+// the counts of what it did.
+type bookkeeping struct {
+	res      Result
+	dead     []deadletter.Row // dead letters to insert
+	kinds    []string         // their error_kind, in order
+	held     []deadletter.Row // events held behind their parked stream
+	advances []cursor.Advance // per stream, in batch order
+}
+
+// book counts the plan's outcomes, for the batch and in each stream's
+// advance, and gathers the batch's bookkeeping. Under on_error = "halt"
+// an event to dead-letter halts the projection instead.
+func (c *Committer) book(a *attemptPlan) (*bookkeeping, error) {
+	// Outcomes are final here: isolation has run, and a pipelined write
+	// failure fails the whole attempt.
+	bk := &bookkeeping{held: a.held}
+	for i := range a.plan {
+		p := &a.plan[i]
+		adv := a.adv[p.ev.StreamID]
+		switch p.out {
+		case outDuplicate:
+			bk.res.Duplicates++
+		case outSkip:
+			bk.res.Skipped++
+			adv.Skipped++
+		case outApply:
+			bk.res.Applied++
+			adv.Applied++
+		case outDead:
+			bk.res.DeadLettered++
+			adv.DeadLettered++
+			bk.dead = append(bk.dead, deadletter.FromEvent(c.opts.Projection, c.opts.Version, p.ev, p.kind, p.message))
+			bk.kinds = append(bk.kinds, p.kind)
+		case outPark:
+			bk.res.Parked++
+			adv.Parked++
+		}
+	}
+	if c.opts.HaltOnError && len(bk.dead) > 0 {
+		d := bk.dead[0]
+		return nil, &HaltError{Reason: fmt.Sprintf("on_error = halt: event %s (stream %s position %d) would be dead-lettered as %s: %s",
+			d.EventID, d.StreamID, d.StreamPosition, d.ErrorKind, d.ErrorMessage)}
+	}
+	bk.advances = make([]cursor.Advance, 0, len(a.order))
+	for _, id := range a.order {
+		bk.advances = append(bk.advances, *a.adv[id])
+	}
+	return bk, nil
+}
+
+// writeBook writes the bookkeeping of the batch with q: its dead letters,
+// held events and cursor advances. In the pipelined path q queues them in
+// the same round trip as the writes.
+func (c *Committer) writeBook(ctx context.Context, q event.Querier, bk *bookkeeping) error {
+	if len(bk.dead) > 0 {
+		if err := deadletter.Insert(ctx, q, c.opts.Schema, bk.dead); err != nil {
+			return fmt.Errorf("insert dead letters: %w", err)
+		}
+	}
+	if err := deadletter.Park(ctx, q, c.opts.Schema, bk.held); err != nil {
+		return err
+	}
+	if len(bk.advances) > 0 {
+		if err := c.cursors.Advance(ctx, q, bk.advances); err != nil {
+			return fmt.Errorf("advance cursors: %w", err)
+		}
+	}
+	return nil
+}
+
+// send writes the batch and commits it. An isolated attempt applied its
+// writes in decide: its bookkeeping and COMMIT follow, one statement at a
+// time. Otherwise the writes, the bookkeeping and COMMIT join pl in one
+// round trip (applyPipelined).
+func (c *Committer) send(ctx context.Context, tx dbtx, pl *pipeline, plan []planned, bk *bookkeeping, isolate bool) error {
+	if !isolate {
+		return c.applyPipelined(ctx, tx, pl, plan, bk)
+	}
+	if err := c.writeBook(ctx, tx, bk); err != nil {
+		return err
+	}
+	tag, err := tx.Exec(ctx, "commit")
+	return committed(tag, err)
+}
+
+// report tells the Observer what a committed attempt did.
+func (c *Committer) report(a *attemptPlan, bk *bookkeeping, missing missTally) {
+	for rule, n := range missing.counts {
+		c.obs.RowsMissing(rule, n)
+	}
+	for range a.gaps {
+		c.obs.Gap()
+	}
+	c.obs.Outcomes(bk.res.Applied, bk.res.Skipped, bk.res.DeadLettered)
+	for _, k := range bk.kinds {
+		c.obs.DeadLettered(k)
+	}
+}
 
 // errCommitRolledBack: COMMIT answered ROLLBACK (the transaction had
 // failed). Not expected, since a failed statement stops the batch first.
@@ -567,20 +681,17 @@ type dbtx interface {
 // multi-row statements where that is exact (see planGroups), else one
 // statement per intent in order. A failing statement makes PostgreSQL skip
 // the rest of the pipeline, the COMMIT included.
-func (c *Committer) applyPipelined(ctx context.Context, tx dbtx, pl *pipeline, plan []planned, book func(event.Querier) error) error {
+func (c *Committer) applyPipelined(ctx context.Context, tx dbtx, pl *pipeline, plan []planned, bk *bookkeeping) error {
 	var intents []*event.Intent
-	for i := range plan {
-		if plan[i].out != outApply {
-			continue
-		}
-		for j := range plan[i].intents {
-			intents = append(intents, &plan[i].intents[j])
+	for p := range applying(plan) {
+		for j := range p.intents {
+			intents = append(intents, &p.intents[j])
 		}
 	}
 	if err := c.queueWrites(ctx, tx, pl, intents); err != nil {
 		return err
 	}
-	if err := book(&queuer{pl: pl, table: c.opts.Schema + " engine tables"}); err != nil {
+	if err := c.writeBook(ctx, &queuer{pl: pl, table: c.opts.Schema + " engine tables"}, bk); err != nil {
 		return err
 	}
 	if hasDeadLetterIfMissing(intents) {

@@ -125,11 +125,7 @@ func markMissing(evals []planned, missed []*event.Intent) {
 	for _, in := range missed {
 		set[in] = true
 	}
-	for i := range evals {
-		p := &evals[i]
-		if p.out != outApply {
-			continue
-		}
+	for p := range applying(evals) {
 		for j := range p.intents {
 			in := &p.intents[j]
 			if set[in] {

@@ -2,13 +2,9 @@ package apply
 
 import (
 	"cmp"
-	"encoding/json"
 	"fmt"
-	"math"
 	"slices"
-	"strconv"
 	"strings"
-	"time"
 
 	"github.com/pgscribe/pgscribe/event"
 )
@@ -297,45 +293,4 @@ func addValues(x, y any) (any, bool) {
 		}
 	}
 	return nil, false
-}
-
-// textValue renders a value as PostgreSQL input text. Statements take every
-// value as text and cast it to the column's type in SQL, so a value that
-// does not fit its column fails in PostgreSQL with a data-exception SQLSTATE
-// (22P02, 22003 …): an integrity-class error that dead-letters the one event,
-// rather than a client-side encoding error that could not be attributed.
-func textValue(v any) (*string, error) {
-	var s string
-	switch x := v.(type) {
-	case nil:
-		return nil, nil
-	case string:
-		s = x
-	case int64:
-		s = strconv.FormatInt(x, 10)
-	case int:
-		s = strconv.Itoa(x)
-	case float64:
-		if math.IsNaN(x) || math.IsInf(x, 0) {
-			s = strconv.FormatFloat(x, 'g', -1, 64)
-			s = strings.NewReplacer("+Inf", "Infinity", "-Inf", "-Infinity").Replace(s)
-		} else {
-			s = strconv.FormatFloat(x, 'g', -1, 64)
-		}
-	case bool:
-		s = strconv.FormatBool(x)
-	case time.Time:
-		s = x.Format("2006-01-02 15:04:05.999999999Z07:00")
-	case time.Duration:
-		s = strconv.FormatInt(x.Microseconds(), 10) + " microseconds"
-	case []byte:
-		s = string(x)
-	default:
-		b, err := json.Marshal(x)
-		if err != nil {
-			return nil, fmt.Errorf("encode %T as JSON: %w", v, err)
-		}
-		s = string(b)
-	}
-	return &s, nil
 }

@@ -89,11 +89,7 @@ func (c *Committer) precheck(ctx context.Context, conn *pgconn.PgConn, q queryer
 // eachTooLong calls found for the first intent of each applying event of
 // plan that stores a value too long for its column.
 func (c *Committer) eachTooLong(ctx context.Context, q queryer, plan []planned, found func(*planned, *event.Intent, error)) error {
-	for i := range plan {
-		p := &plan[i]
-		if p.out != outApply {
-			continue
-		}
+	for p := range applying(plan) {
 		for j := range p.intents {
 			in := &p.intents[j]
 			if storedColumns(in) == nil {

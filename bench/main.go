@@ -1,9 +1,10 @@
 // Command bench is what `make bench` runs: it starts its own PostgreSQL
 // through the test harness (fsync on), drives the real pgscribe binary
-// through backfill, live and WAL catch-up workloads, measures the two
-// references of DESIGN §10 in the same run (the set-based SQL ceiling and
-// the one-transaction-per-event loop), and writes RESULTS.md, results.json
-// and a chart (results.png, drawn by the nested module in chart/).
+// through backfill, live and WAL catch-up workloads, measures its
+// references in the same run (the set-based SQL ceiling, the
+// one-transaction-per-event loop and logical decoding alone), and writes
+// RESULTS.md, results.json and a chart (results.png, drawn by the nested
+// module in chart/).
 //
 //	go run ./bench -bin bin/pgscribe [-scale 0.1] [-workloads W1,W4] [-rss-5m] [-profile]
 //

@@ -827,11 +827,7 @@ func (f *w7Figures) markdown(p func(string, ...any)) {
 			"`-w7-poison` per 1,000 deposits and withdrawals) and whether every projection dead-lettered exactly "+
 			"those positions.", thousands(f.Events), f.TxEvents)
 		p("")
-		if len(f.CatchUp[0].Runs) > 1 {
-			p("Each N ran %d times, in rounds of every N; the figures are each N's median run, *runs* every run's catch-up time "+
-				"in order.", len(f.CatchUp[0].Runs))
-			p("")
-		}
+		runsNote(p, len(f.CatchUp[0].Runs), "the figures are each N's median run, *runs* every run's catch-up time in order.")
 		p("| projections | catch-up s | vs one | engine CPU µs per event·projection | PG CPU µs per event·projection | vs one | peak RSS MB | other cores | read models identical | dead letters | load | runs s |")
 		p("|--:|--:|--:|--:|--:|--:|--:|--:|---|---|---|---|")
 		for _, c := range f.CatchUp {
@@ -861,11 +857,7 @@ func (f *w7Figures) markdown(p func(string, ...any)) {
 				break
 			}
 		}
-		if len(f.Live[0].RunsP99) > 1 {
-			p("Each N ran %d times, in rounds of every N; each row is that N's run with the median p99, *runs p99* every "+
-				"run's in order.", len(f.Live[0].RunsP99))
-			p("")
-		}
+		runsNote(p, len(f.Live[0].RunsP99), "each row is that N's run with the median p99, *runs p99* every run's in order.")
 		p("| projections | events | achieved events/s | p50 ms | p99 ms | p99 vs one | worst table p99 ms | max ms | CPU µs/event | PG CPU µs/event | app commit p50 / p99 ms | load | runs p99 ms |")
 		p("|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|---|---|")
 		for _, l := range f.Live {
@@ -882,6 +874,15 @@ func (f *w7Figures) markdown(p func(string, ...any)) {
 	}
 	if len(f.Slow) > 0 {
 		f.slowMarkdown(p)
+	}
+}
+
+// runsNote says, when each N ran more than once (-w7-repeat), which of its
+// runs a table shows: rows ends the sentence.
+func runsNote(p func(string, ...any), runs int, rows string) {
+	if runs > 1 {
+		p("Each N ran %d times, in rounds of every N; "+rows, runs)
+		p("")
 	}
 }
 

@@ -81,6 +81,11 @@ type Engine struct {
 	StatusInterval       time.Duration // standby status update interval, default 10s
 	ShutdownTimeout      time.Duration // default 30s
 	MaxActiveProjections int           // 0 = unlimited
+	// SlowMemberTimeout: a group member whose queue stays full this long
+	// is detached from the group's stream (it catches up on a copy of the
+	// group's slot and joins again), so that it does not hold the others.
+	// Default 5s.
+	SlowMemberTimeout time.Duration
 }
 
 // Retry bounds retries of rule evaluation and transient commit failures.
@@ -146,6 +151,7 @@ func Default() *Config {
 			StallTimeout:      30 * time.Second,
 			StatusInterval:    10 * time.Second,
 			ShutdownTimeout:   30 * time.Second,
+			SlowMemberTimeout: 5 * time.Second,
 		},
 		Retry: Retry{
 			MaxAttempts: 5,

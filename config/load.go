@@ -61,20 +61,8 @@ func load(file, src string, withRules bool) (*Config, error) {
 	}
 
 	d := &decoder{file: file, lines: indexLines(src)}
-	c := Default()
+	c := d.config(raw, withRules)
 	c.Path = file
-	c.lines = d.lines
-
-	root := d.table(nil, raw)
-	d.database(root.sub("database"), &c.Database)
-	d.source(root.sub("source"), &c.Source)
-	d.engine(root.sub("engine"), &c.Engine)
-	d.retry(root.sub("retry"), &c.Retry)
-	d.metrics(root.sub("metrics"), &c.Metrics)
-	d.log(root.sub("log"), &c.Log)
-	c.Projections = d.projections(root, c.Source.SlotPrefix, withRules)
-	root.done()
-
 	if len(d.errs) > 0 {
 		d.errs.sort()
 		nameRules(d.errs, raw)
@@ -89,6 +77,22 @@ func load(file, src string, withRules bool) (*Config, error) {
 	return c, nil
 }
 
+// config decodes the whole file, raw, onto the defaults.
+func (d *decoder) config(raw map[string]any, withRules bool) *Config {
+	c := Default()
+	c.lines = d.lines
+	root := d.table(nil, raw)
+	d.database(root.sub("database"), &c.Database)
+	d.source(root.sub("source"), &c.Source)
+	d.engine(root.sub("engine"), &c.Engine)
+	d.retry(root.sub("retry"), &c.Retry)
+	d.metrics(root.sub("metrics"), &c.Metrics)
+	d.log(root.sub("log"), &c.Log)
+	c.Projections = d.projections(root, c.Source.SlotPrefix, withRules)
+	root.done()
+	return c
+}
+
 // decoder turns the generic TOML tree into a Config. It decodes by hand
 // rather than with toml's reflection because that stops at the first type
 // error and cannot say which array element a key belongs to; here every
@@ -97,6 +101,8 @@ type decoder struct {
 	file  string
 	lines lineIndex
 	errs  Errors
+	// schema, when not nil, collects every table's known keys (see Keys).
+	schema map[string][]string
 }
 
 func (d *decoder) fail(p keyPath, format string, args ...any) {
@@ -161,6 +167,9 @@ func (t *table) sub(key string) *table {
 
 // done reports the keys of t that no accessor asked for.
 func (t *table) done() {
+	if t.d.schema != nil {
+		t.d.schema[t.path.section()] = t.known
+	}
 	var unknown []string
 	for k := range t.m {
 		if !slices.Contains(t.known, k) {
@@ -364,6 +373,7 @@ func (d *decoder) engine(t *table, e *Engine) {
 	t.duration("stall_timeout", &e.StallTimeout)
 	t.duration("status_interval", &e.StatusInterval)
 	t.duration("shutdown_timeout", &e.ShutdownTimeout)
+	t.duration("slow_member_timeout", &e.SlowMemberTimeout)
 	t.count("max_active_projections", &e.MaxActiveProjections, 0)
 	t.done()
 }

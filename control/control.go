@@ -1,8 +1,10 @@
 // Package control reads and writes the operator controls of projection
 // versions in the engine schema: pause and resume (the controls table) and
 // queued dead-letter retries (the retry_requests table). The commands write
-// them; the node holding a projection version's lock polls them and obeys,
-// so a control holds across restarts and failovers.
+// them; the node holding a projection version's lock polls them, obeys and
+// records on each retry request which node ran it, when, and its counts
+// (StartRetry, FinishRetry), so a control holds across restarts and
+// failovers.
 package control
 
 import (

@@ -136,9 +136,33 @@ type Store struct {
 	loadSQL, advanceSQL                      string
 	loadWatermarkSQL, saveWatermarkSQL       string
 	saveWatermarksSQL                        string
+	moveWatermarkSQL                         string
 	setPhaseSQL, totalsSQL, hasSQL, resetSQL string
 	adoptSQL                                 string
 }
+
+// The two watermark saves (one version, many versions) write the same
+// columns and merge them into the stored row alike, but for the phase:
+// watermarkForward keeps the stored slot name unless the save names one
+// and moves the watermark proper only forward, watermarkProgress keeps the
+// stored backfill counts and lag measurement unless the save brings new
+// ones.
+const (
+	watermarkColumns = `  (projection, version, slot_name, lsn, position, commit_time, phase, backfill_total, backfill_done,
+   measured_at, lag_seconds, backlog_events)
+`
+	watermarkForward = `  slot_name      = coalesce(excluded.slot_name, w.slot_name),
+  lsn            = GREATEST(w.lsn, excluded.lsn),
+  position       = CASE WHEN w.lsn IS NULL OR excluded.lsn >= w.lsn THEN GREATEST(w.position, excluded.position) ELSE w.position END,
+  commit_time    = CASE WHEN w.lsn IS NULL OR excluded.lsn >= w.lsn THEN excluded.commit_time ELSE w.commit_time END,
+`
+	watermarkProgress = `  backfill_total = coalesce(excluded.backfill_total, w.backfill_total),
+  backfill_done  = coalesce(excluded.backfill_done, w.backfill_done),
+  measured_at    = coalesce(excluded.measured_at, w.measured_at),
+  lag_seconds    = CASE WHEN excluded.measured_at IS NULL THEN w.lag_seconds ELSE excluded.lag_seconds END,
+  backlog_events = CASE WHEN excluded.measured_at IS NULL THEN w.backlog_events ELSE excluded.backlog_events END,
+  updated_at     = now()`
+)
 
 // New returns the store of projection version in the engine schema.
 func New(schema, projection string, version int64) *Store {
@@ -186,47 +210,26 @@ FROM ` + watermarks + " WHERE " + this,
 		// stored one. GREATEST ignores NULL, so the first LSN always lands.
 		// An empty slot name or phase and zero backfill counts keep the
 		// stored values, so a live save does not wipe backfill progress.
-		saveWatermarkSQL: "INSERT INTO " + watermarks + ` AS w
-  (projection, version, slot_name, lsn, position, commit_time, phase, backfill_total, backfill_done,
-   measured_at, lag_seconds, backlog_events)
-VALUES ($1, $2, NULLIF($3, ''), $4::pg_lsn, $5, $6, coalesce(NULLIF($7, ''), 'backfilling'),
+		saveWatermarkSQL: "INSERT INTO " + watermarks + " AS w\n" + watermarkColumns +
+			`VALUES ($1, $2, NULLIF($3, ''), $4::pg_lsn, $5, $6, coalesce(NULLIF($7, ''), 'backfilling'),
   NULLIF($8::bigint, 0), NULLIF($9::bigint, 0), $10::timestamptz, $11::float8, $12::bigint)
 ON CONFLICT (projection, version) DO UPDATE SET
-  slot_name      = coalesce(excluded.slot_name, w.slot_name),
-  lsn            = GREATEST(w.lsn, excluded.lsn),
-  position       = CASE WHEN w.lsn IS NULL OR excluded.lsn >= w.lsn THEN GREATEST(w.position, excluded.position) ELSE w.position END,
-  commit_time    = CASE WHEN w.lsn IS NULL OR excluded.lsn >= w.lsn THEN excluded.commit_time ELSE w.commit_time END,
-  phase          = coalesce(NULLIF($7, ''), w.phase),
-  backfill_total = coalesce(excluded.backfill_total, w.backfill_total),
-  backfill_done  = coalesce(excluded.backfill_done, w.backfill_done),
-  measured_at    = coalesce(excluded.measured_at, w.measured_at),
-  lag_seconds    = CASE WHEN excluded.measured_at IS NULL THEN w.lag_seconds ELSE excluded.lag_seconds END,
-  backlog_events = CASE WHEN excluded.measured_at IS NULL THEN w.backlog_events ELSE excluded.backlog_events END,
-  updated_at     = now()`,
+` + watermarkForward + `  phase          = coalesce(NULLIF($7, ''), w.phase),
+` + watermarkProgress,
 
 		// saveWatermarkSQL for many versions' saves in one statement, for
 		// saves that keep the stored phase (Phase ""), as the live saves
 		// do: a new row starts 'backfilling' and a stored phase stays.
-		saveWatermarksSQL: "INSERT INTO " + watermarks + ` AS w
-  (projection, version, slot_name, lsn, position, commit_time, phase, backfill_total, backfill_done,
-   measured_at, lag_seconds, backlog_events)
-SELECT u.projection, u.version, NULLIF(u.slot_name, ''), u.lsn::pg_lsn, u.position, u.commit_time, 'backfilling',
+		saveWatermarksSQL: "INSERT INTO " + watermarks + " AS w\n" + watermarkColumns +
+			`SELECT u.projection, u.version, NULLIF(u.slot_name, ''), u.lsn::pg_lsn, u.position, u.commit_time, 'backfilling',
   NULLIF(u.backfill_total, 0), NULLIF(u.backfill_done, 0), u.measured_at, u.lag_seconds, u.backlog_events
 FROM unnest($1::text[], $2::bigint[], $3::text[], $4::text[], $5::bigint[], $6::timestamptz[], $7::bigint[], $8::bigint[],
   $9::timestamptz[], $10::float8[], $11::bigint[])
   AS u (projection, version, slot_name, lsn, position, commit_time, backfill_total, backfill_done, measured_at, lag_seconds, backlog_events)
 ON CONFLICT (projection, version) DO UPDATE SET
-  slot_name      = coalesce(excluded.slot_name, w.slot_name),
-  lsn            = GREATEST(w.lsn, excluded.lsn),
-  position       = CASE WHEN w.lsn IS NULL OR excluded.lsn >= w.lsn THEN GREATEST(w.position, excluded.position) ELSE w.position END,
-  commit_time    = CASE WHEN w.lsn IS NULL OR excluded.lsn >= w.lsn THEN excluded.commit_time ELSE w.commit_time END,
-  backfill_total = coalesce(excluded.backfill_total, w.backfill_total),
-  backfill_done  = coalesce(excluded.backfill_done, w.backfill_done),
-  measured_at    = coalesce(excluded.measured_at, w.measured_at),
-  lag_seconds    = CASE WHEN excluded.measured_at IS NULL THEN w.lag_seconds ELSE excluded.lag_seconds END,
-  backlog_events = CASE WHEN excluded.measured_at IS NULL THEN w.backlog_events ELSE excluded.backlog_events END,
-  updated_at     = now()`,
+` + watermarkForward + watermarkProgress,
 
+		moveWatermarkSQL: "UPDATE " + watermarks + " SET slot_name = $3, updated_at = now() WHERE projection = $1 AND version = $2",
 		setPhaseSQL: "INSERT INTO " + watermarks + ` AS w
   (projection, version, phase, backfill_total, backfill_done)
 VALUES ($1, $2, $3, $4, $5)
@@ -449,6 +452,15 @@ func SaveWatermarksStatement(stores []*Store, ws []Watermark) (string, []any, er
 	}
 	return stores[0].saveWatermarksSQL, []any{projs, versions, slots, lsns, positions, commits, totals, dones,
 		measured, lags, backlogs}, nil
+}
+
+// MoveWatermark records the version's watermark on slot (the stream it
+// reads from changed: its group's slot, or one of its own).
+func (s *Store) MoveWatermark(ctx context.Context, q event.Querier, slot string) error {
+	if _, err := q.Exec(ctx, s.moveWatermarkSQL, s.projection, s.version, slot); err != nil {
+		return fmt.Errorf("move watermark to slot %s: %w", slot, err)
+	}
+	return nil
 }
 
 // SetPhase records the phase and the backfill progress (total events to read

@@ -185,7 +185,13 @@ func (p *Projection) activeSession(ctx context.Context, lease *leader.Lease, ctl
 			return err
 		}
 		err := p.session(ctx, lease, ctl)
-		if !errors.Is(err, errPaused) {
+		switch {
+		case errors.Is(err, errSlowMember):
+			// The group's stream went on without it: a new session
+			// under the same lock catches up on a copy of the group's
+			// slot and joins again.
+			p.log.Info("catching up on a slot of its own after a detach from the group's stream")
+		case !errors.Is(err, errPaused):
 			return err
 		}
 	}

@@ -33,7 +33,8 @@ func groupLockName(group string) string { return "group:" + group }
 func (g *group) hubConfig() groupConfig {
 	p := g.members[0]
 	return groupConfig{name: g.name, slot: g.cfg.GroupSlotName(g.name), sourceURL: g.cfg.Database.URL,
-		targetURL: g.cfg.TargetURL(), schema: g.cfg.Engine.Schema, leaseTimeout: g.cfg.Engine.LeaseTimeout, src: p.source(),
+		targetURL: g.cfg.TargetURL(), schema: g.cfg.Engine.Schema, leaseTimeout: g.cfg.Engine.LeaseTimeout,
+		slowAfter: g.cfg.Engine.SlowMemberTimeout, src: p.source(),
 		opts: replication.StreamOptions{StatusInterval: g.cfg.Engine.StatusInterval, StallTimeout: g.cfg.Engine.StallTimeout,
 			Logger: g.log}}
 }

@@ -45,6 +45,7 @@ type hub struct {
 	held      map[string]event.LSN // in-group members not attached: their watermark holds the slot back
 	served    map[string]bool      // members this hub's streams ever served: they may have recorded a join
 	waiting   map[string]time.Time // members on a slot of their own asking to join, since when
+	slow      map[string]bool      // members detached for a full queue: the stream never waits for them to join
 	streaming bool                 // a stream runs: startLSN and lastBegun are valid
 	startLSN  event.LSN            // the stream delivers transactions committing at or after it
 	lastBegun event.LSN            // commit LSN of the stream's last transaction begun (0: none)
@@ -68,6 +69,7 @@ type groupConfig struct {
 	targetURL    string
 	schema       string
 	leaseTimeout time.Duration
+	slowAfter    time.Duration // [engine] slow_member_timeout: how long a member's queue may stay full
 	src          replication.Source
 	opts         replication.StreamOptions
 }
@@ -83,16 +85,26 @@ const gatherWindow = 2 * time.Second
 const gatherGap = 300 * time.Millisecond
 
 // memberQueue is how many messages (begin, event, commit, keepalive) wait
-// for one member. A member whose queue is full makes the hub wait: one
-// slow member slows the group's stream, memory stays bounded.
+// for one member. A member whose queue is full makes the hub wait (memory
+// stays bounded); one that holds the others back that way for
+// slow_member_timeout is detached (deliver, errSlowMember).
 const memberQueue = 1024
+
+// errSlowMember ends the session of a member the group's stream detached
+// because its queue stayed full for slow_member_timeout. The session
+// starts again at once (activeSession): the stream has passed it, so it
+// catches up on a copy of the group's slot from its own watermark and
+// joins again once its own stream reaches the group's.
+var errSlowMember = errors.New("detached from the group's stream: its queue stayed full for slow_member_timeout")
 
 // errBehind refuses a join: the stream has passed the member's position.
 var errBehind = errors.New("the group's stream is past this position")
 
+// newHub makes the hub of a group; log names the group already.
 func newHub(cfg groupConfig, members int, log *slog.Logger) *hub {
-	return &hub{cfg: cfg, log: log.With("group", cfg.name), members: members, saver: newSaver(cfg.targetURL, cfg.leaseTimeout, log),
-		attached: map[string]*member{}, held: map[string]event.LSN{}, served: map[string]bool{}, waiting: map[string]time.Time{}, demand: make(chan struct{}, 1)}
+	return &hub{cfg: cfg, log: log, members: members, saver: newSaver(cfg.targetURL, cfg.leaseTimeout, log),
+		attached: map[string]*member{}, held: map[string]event.LSN{}, served: map[string]bool{}, waiting: map[string]time.Time{},
+		slow: map[string]bool{}, demand: make(chan struct{}, 1)}
 }
 
 func memberKey(spec rules.Spec) string { return fmt.Sprintf("%s/%d", spec.Name, spec.Version) }
@@ -107,6 +119,11 @@ type member struct {
 	once sync.Once
 	err  error // why the hub detached it (set before done closes)
 	fed  chan error
+
+	// slowSince is when the member first held the others back (deliver)
+	// since its queue was last found at most half full; zero: it does not.
+	// The stream's goroutine only.
+	slowSince time.Time
 
 	ownSlot  string     // the member's own slot, "" when its watermark is on the group's
 	accepted bool       // the stream serves it (under hub.mu)
@@ -129,11 +146,88 @@ type hubMsg struct {
 	ev   *event.Event
 }
 
-// send queues msg for the member unless it was detached.
-func (m *member) send(msg hubMsg) {
+// deliver queues msg for m unless m was detached, waiting while m's queue
+// is full. A member holds the group back when the stream waits for it
+// while another member's queue runs low (that one waits for the stream);
+// once m has held the others for slowAfter — counted from the first such
+// wait since m's queue was last found at most half full — m is detached
+// with errSlowMember and the message dropped for it. A catch-up where
+// every queue is full holds nobody back: the group goes at its pace. The
+// stream's goroutine only. An error is ctx's: msg was not queued.
+func (h *hub) deliver(ctx context.Context, m *member, msg hubMsg) error {
 	select {
 	case m.ch <- msg:
+		if len(m.ch) <= cap(m.ch)/2 {
+			m.slowSince = time.Time{}
+		}
+		return nil
 	case <-m.done:
+		return nil
+	default:
+	}
+	var tick <-chan time.Time // none without a slow_member_timeout
+	if h.cfg.slowAfter > 0 {
+		t := time.NewTicker(min(h.cfg.slowAfter/10, 100*time.Millisecond))
+		defer t.Stop()
+		tick = t.C
+	}
+	for {
+		if tick != nil {
+			switch {
+			case !h.holdsOthers(m):
+				m.slowSince = time.Time{}
+			case m.slowSince.IsZero():
+				m.slowSince = time.Now()
+			case time.Since(m.slowSince) >= h.cfg.slowAfter:
+				h.detachSlow(m)
+				return nil
+			}
+		}
+		select {
+		case m.ch <- msg:
+			return nil
+		case <-m.done:
+			return nil
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-tick:
+		}
+	}
+}
+
+// holdsOthers says whether another attached member's queue is at most a
+// quarter full while the stream waits for m: m holds it back.
+func (h *hub) holdsOthers(m *member) bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	for _, o := range h.attached {
+		if o != m && len(o.ch) <= cap(o.ch)/4 {
+			return true
+		}
+	}
+	return false
+}
+
+// detachSlow detaches a member whose queue stayed full (deliver).
+func (h *hub) detachSlow(m *member) {
+	h.mu.Lock()
+	h.unattach(m)
+	h.slow[m.key] = true
+	h.mu.Unlock()
+	h.log.Warn("a member's queue stayed full: detached from the group's stream so that it does not hold the others; it catches up on a copy of the group's slot and joins again",
+		"member", m.key, "slow_member_timeout", h.cfg.slowAfter.String())
+	m.detach(errSlowMember)
+}
+
+// unattach removes m from the attached members, its ledger's watermark
+// holding the slot back from then on (under h.mu).
+func (h *hub) unattach(m *member) {
+	if h.attached[m.key] != m {
+		return
+	}
+	delete(h.attached, m.key)
+	if c := m.sink.Confirmable(); m.accepted && c > h.held[m.key] {
+		h.held[m.key] = c
 	}
 }
 
@@ -207,6 +301,7 @@ func (h *hub) join(ctx context.Context, spec rules.Spec, sink replication.Sink, 
 		return nil, errBehind
 	}
 	delete(h.waiting, memberKey(spec))
+	delete(h.slow, memberKey(spec))
 	m := &member{key: memberKey(spec), sink: sink, next: from, ownSlot: ownSlot, ch: make(chan hubMsg, memberQueue),
 		done: make(chan struct{}), fed: make(chan error, 1), started: make(chan error, 1)}
 	if old := h.attached[m.key]; old != nil {
@@ -255,6 +350,9 @@ func (h *hub) holdForJoiners(ctx context.Context) {
 		h.mu.Lock()
 		hold := ""
 		for k, since := range h.waiting {
+			if h.slow[k] {
+				continue // it joins when its own stream catches up, or never: the others do not wait for it
+			}
 			switch d := time.Since(since); {
 			case d >= joinPatience+holdMax:
 				h.waiting[k] = time.Now() // let the others go on, then wait again
@@ -294,12 +392,7 @@ func (h *hub) wake() {
 // final watermark (hold), what its ledger confirms holds the slot back.
 func (h *hub) detach(m *member) {
 	h.mu.Lock()
-	if h.attached[m.key] == m {
-		delete(h.attached, m.key)
-		if c := m.sink.Confirmable(); m.accepted && c > h.held[m.key] {
-			h.held[m.key] = c
-		}
-	}
+	h.unattach(m)
 	h.mu.Unlock()
 	m.detach(context.Canceled)
 }
@@ -356,7 +449,7 @@ func (h *hub) run(ctx context.Context, membersDone <-chan struct{}) {
 				h.log.Warn("read the members' watermarks", "err", err)
 			}
 			if lsn := (*hubSink)(h).Confirmable(); lsn > 0 {
-				_ = replication.Confirm(context.WithoutCancel(ctx), h.conn, lsn)
+				_ = confirmSlot(context.WithoutCancel(ctx), h.conn, lsn)
 			}
 			h.conn.Close(context.WithoutCancel(ctx))
 		}
@@ -412,11 +505,8 @@ func (h *hub) gather(ctx context.Context) {
 func (h *hub) failAll(err error) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	for k, m := range h.attached {
-		if c := m.sink.Confirmable(); m.accepted && c > h.held[k] {
-			h.held[k] = c
-		}
-		delete(h.attached, k)
+	for _, m := range h.attached {
+		h.unattach(m)
 		m.detach(err)
 	}
 }
@@ -569,6 +659,11 @@ func (h *hub) stream(ctx context.Context) error {
 	h.log.Info("group stream started", "slot", h.cfg.slot, "from", start.String())
 	src := h.cfg.src
 	src.Slot = h.cfg.slot
+	// The refresh ends with the stream (sctx), not with the hub: the
+	// stream's end waits for it, and a failed stream must reach the
+	// members at once (a refresh bound to the hub's context kept every
+	// failed group stream, and its members, waiting until shutdown).
+	sctx, cancel := context.WithCancel(ctx)
 	refresh := make(chan struct{})
 	go func() {
 		defer close(refresh)
@@ -576,16 +671,15 @@ func (h *hub) stream(ctx context.Context) error {
 		defer t.Stop()
 		for {
 			select {
-			case <-ctx.Done():
+			case <-sctx.Done():
 				return
 			case <-t.C:
-				if err := h.refreshHeld(ctx); err != nil && ctx.Err() == nil {
+				if err := h.refreshHeld(sctx); err != nil && sctx.Err() == nil {
 					h.log.Warn("read the members' watermarks", "err", err)
 				}
 			}
 		}
 	}()
-	sctx, cancel := context.WithCancel(ctx)
 	defer func() { cancel(); <-refresh }()
 	h.streamCtx = sctx
 	err = replication.Stream(sctx, conn, src, (*hubSink)(h), h.cfg.opts)
@@ -645,7 +739,7 @@ func (s *hubSink) Begin(commit event.LSN, at time.Time) uint64 {
 	}
 	h.mu.Unlock()
 	for _, m := range h.tx {
-		m.send(hubMsg{kind: msgBegin, lsn: commit, at: at})
+		_ = h.deliver(context.Background(), m, hubMsg{kind: msgBegin, lsn: commit, at: at})
 	}
 	return 0
 }
@@ -657,12 +751,8 @@ func (s *hubSink) Event(ctx context.Context, _ uint64, ev *event.Event) error {
 		h.pend = append(h.pend[:0], h.tx...)
 	}
 	for len(h.pend) > 0 {
-		m := h.pend[0]
-		select {
-		case m.ch <- hubMsg{kind: msgEvent, ev: ev}:
-		case <-m.done:
-		case <-ctx.Done():
-			return ctx.Err() // offered again: only to the members that have not taken it
+		if err := h.deliver(ctx, h.pend[0], hubMsg{kind: msgEvent, ev: ev}); err != nil {
+			return err // offered again: only to the members that have not taken it
 		}
 		h.pend = h.pend[1:]
 	}
@@ -672,7 +762,7 @@ func (s *hubSink) Event(ctx context.Context, _ uint64, ev *event.Event) error {
 func (s *hubSink) Commit(_ uint64, end event.LSN) {
 	h := (*hub)(s)
 	for _, m := range h.tx {
-		m.send(hubMsg{kind: msgCommit, lsn: end})
+		_ = h.deliver(context.Background(), m, hubMsg{kind: msgCommit, lsn: end})
 	}
 	h.mu.Lock()
 	for _, m := range h.tx {
@@ -711,7 +801,7 @@ func (s *hubSink) AdvanceIdle(walEnd event.LSN) {
 	}
 	h.mu.Unlock()
 	for _, m := range to {
-		m.send(hubMsg{kind: msgIdle, lsn: walEnd})
+		_ = h.deliver(context.Background(), m, hubMsg{kind: msgIdle, lsn: walEnd})
 	}
 }
 

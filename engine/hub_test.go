@@ -2,6 +2,7 @@ package engine
 
 import (
 	"context"
+	"errors"
 	"log/slog"
 	"slices"
 	"sync"
@@ -289,4 +290,92 @@ func TestHubRefusesAJoinWithWorkBelowTheConfirmedPosition(t *testing.T) {
 	if _, err := h.join(ctx, spec("b"), &recSink{confirm: 800}, 801, "own", true); err != nil {
 		t.Fatalf("join with everything below 800 durable: %v", err)
 	}
+}
+
+// A member whose queue stays full for slow_member_timeout is detached
+// with errSlowMember: the others take every event without waiting for it
+// past the timeout, the slow one's watermark holds the slot back, and the
+// stream never waits for it to join again.
+func TestHubDetachesAMemberWhoseQueueStaysFull(t *testing.T) {
+	h := testHub(2)
+	h.cfg.slowAfter = 200 * time.Millisecond
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	fast, slow := &recSink{}, &recSink{block: make(chan struct{}), confirm: 5}
+	defer close(slow.block)
+	h.join(ctx, spec("fast"), fast, 0, "", false)
+	ms, _ := h.join(ctx, spec("slow"), slow, 0, "", false)
+	h.startedAt(0)
+	s := (*hubSink)(h)
+	s.Begin(10, time.Time{})
+	n := memberQueue + 100
+	started := time.Now()
+	for p := 1; p <= n; p++ {
+		if err := s.Event(ctx, 0, &event.Event{Position: int64(p)}); err != nil {
+			t.Fatalf("event %d: %v", p, err)
+		}
+	}
+	s.Commit(0, 11)
+	if d := time.Since(started); d > 5*time.Second {
+		t.Errorf("the stream waited %s for the slow member, want about slow_member_timeout (200ms)", d)
+	}
+	select {
+	case <-ms.done:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the slow member was not detached")
+	}
+	if !errors.Is(ms.err, errSlowMember) {
+		t.Errorf("the slow member was detached with %v, want errSlowMember", ms.err)
+	}
+	eventually(t, "fast to take every event", func() bool { _, ev := fast.snapshot(); return len(ev) == n })
+	if got := s.Confirmable(); got != 5 {
+		t.Errorf("confirmable %s after the detach, want the slow member's watermark 5", got)
+	}
+	// Asking to join again (from a slot of its own) never holds the stream.
+	if _, err := h.join(ctx, spec("slow"), &recSink{}, 11, "own", true); err == nil {
+		t.Fatal("join at the stream's position while the stream has passed it")
+	}
+	h.mu.Lock()
+	h.waiting[memberKey(spec("slow"))] = time.Now().Add(-time.Minute)
+	h.mu.Unlock()
+	held := make(chan struct{})
+	go func() { h.holdForJoiners(ctx); close(held) }()
+	select {
+	case <-held:
+	case <-time.After(2 * time.Second):
+		t.Fatal("the stream waits for a member detached as slow to join")
+	}
+}
+
+// When every member's queue is full (a catch-up the whole group is behind
+// in) nobody holds the others back: the stream waits, nobody is detached.
+func TestHubDetachesNobodyWhenAllQueuesAreFull(t *testing.T) {
+	h := testHub(2)
+	h.cfg.slowAfter = 100 * time.Millisecond
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	a, b := &recSink{block: make(chan struct{})}, &recSink{block: make(chan struct{})}
+	ma, _ := h.join(ctx, spec("a"), a, 0, "", false)
+	mb, _ := h.join(ctx, spec("b"), b, 0, "", false)
+	h.startedAt(0)
+	s := (*hubSink)(h)
+	s.Begin(10, time.Time{})
+	var refused bool
+	for p := 1; p <= memberQueue+10 && !refused; p++ {
+		dctx, dcancel := context.WithTimeout(ctx, time.Second)
+		refused = s.Event(dctx, 0, &event.Event{Position: int64(p)}) != nil
+		dcancel()
+	}
+	if !refused {
+		t.Fatal("the queues never filled")
+	}
+	for name, m := range map[string]*member{"a": ma, "b": mb} {
+		select {
+		case <-m.done:
+			t.Errorf("%s was detached (%v) though every queue was full", name, m.err)
+		default:
+		}
+	}
+	close(a.block)
+	close(b.block)
 }

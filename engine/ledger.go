@@ -6,6 +6,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/pgscribe/pgscribe/apply"
@@ -71,15 +72,17 @@ func (l *ledger) measured(r lag.Reading, at time.Time) {
 }
 
 // publishGap is the shortest time between two watermark saves. The
-// watermarks row is written by publish alone, so partitions never contend
-// for it; this bounds that one writer to 200 small transactions a second
+// watermark is saved by publish alone, so partitions never contend for
+// its row; this bounds that one writer to 200 small transactions a second
 // (one round trip each, fenced, committed asynchronously) under any load,
 // and is about the most a wait_for_lsn waits past the moment the watermark
 // moved. Measured (bench -w4-wait, 2-core machine): 2 ms cost the engine
 // about 50 µs of CPU per event at 1k events/s, a save every 2.5 ms.
 const publishGap = 5 * time.Millisecond
 
-// publish is the one writer of the watermarks row while the session runs.
+// publish is the one writer of the watermark while the session runs (a
+// group member's saves go through the group's saver; leaving a group
+// changes only the row's slot_name, session.moveWatermark).
 // It saves the watermark soon after it moves (at most every publishGap),
 // and with each lag measurement (every lag_interval, idle or not, as the
 // heartbeat status and the progress view read). It does nothing while
@@ -251,6 +254,37 @@ func (l *ledger) confirm(ctx context.Context, replConn *pgconn.PgConn) {
 	if err := replication.Confirm(ctx, replConn, l.confirmable()); err == nil {
 		l.save(ctx, nil, time.Time{})
 	}
+}
+
+// The writes of a session outside its ledger's life, kept here so that
+// this file (with saver.go, the group's saves) is the only one that
+// writes a watermark row or confirms a slot (TestDurabilityHasOneOwner).
+
+// txRunner runs fn in one fenced transaction (session.fenced).
+type txRunner func(ctx context.Context, fn func(pgx.Tx) error) error
+
+// moveWatermark records the version's watermark on slot: the version
+// leaves its group's slot for one of its own.
+func moveWatermark(ctx context.Context, store *cursor.Store, fenced txRunner, slot string) error {
+	return fenced(ctx, func(tx pgx.Tx) error { return store.MoveWatermark(ctx, tx, slot) })
+}
+
+// startBackfill records a backfill from slot's snapshot at consistent, of
+// total events: phase backfilling until setPhase says live.
+func startBackfill(ctx context.Context, store *cursor.Store, fenced txRunner, slot string, consistent event.LSN, total int64) error {
+	return fenced(ctx, func(tx pgx.Tx) error {
+		return store.SaveWatermark(ctx, tx, cursor.Watermark{SlotName: slot, LSN: consistent, Phase: "backfilling", BackfillTotal: total})
+	})
+}
+
+// setPhase records the phase and the backfill's progress.
+func setPhase(ctx context.Context, store *cursor.Store, fenced txRunner, phase string, total, done int64) error {
+	return fenced(ctx, func(tx pgx.Tx) error { return store.SetPhase(ctx, tx, phase, total, done) })
+}
+
+// confirmSlot confirms a group's slot to lsn when its stream ends (hub).
+func confirmSlot(ctx context.Context, conn *pgconn.PgConn, lsn event.LSN) error {
+	return replication.Confirm(ctx, conn, lsn)
 }
 
 // statement is one statement of a fenced pipeline.

@@ -366,11 +366,7 @@ func (s *session) copyGroupSlot(ctx context.Context) error {
 
 // moveWatermark records the version's watermark on slot.
 func (s *session) moveWatermark(ctx context.Context, slot string) error {
-	return s.fenced(ctx, func(tx pgx.Tx) error {
-		_, err := tx.Exec(ctx, "UPDATE "+pgx.Identifier{s.cfg.Engine.Schema, "watermarks"}.Sanitize()+
-			" SET slot_name = $3, updated_at = now() WHERE projection = $1 AND version = $2", s.spec.Name, s.spec.Version, slot)
-		return err
-	})
+	return moveWatermark(ctx, s.store, s.fenced, slot)
 }
 
 // parallelism is the number of partitions of the version: [engine]
@@ -562,10 +558,7 @@ func (s *session) backfill(ctx context.Context, replConn *pgconn.PgConn, sink *l
 			return err
 		}
 	}
-	if err := s.fenced(ctx, func(tx pgx.Tx) error {
-		return s.store.SaveWatermark(ctx, tx, cursor.Watermark{SlotName: s.slot, LSN: consistent, Phase: "backfilling",
-			BackfillTotal: snap.Total})
-	}); err != nil {
+	if err := startBackfill(ctx, s.store, s.fenced, s.slot, consistent, snap.Total); err != nil {
 		return err
 	}
 	started := time.Now()
@@ -593,9 +586,7 @@ func (s *session) backfill(ctx context.Context, replConn *pgconn.PgConn, sink *l
 		if time.Since(lastLog) >= 5*time.Second {
 			lastLog = time.Now()
 			s.logProgress(done, snap.Total, started)
-			_ = s.fenced(ctx, func(tx pgx.Tx) error {
-				return s.store.SetPhase(ctx, tx, "backfilling", snap.Total, done)
-			})
+			_ = setPhase(ctx, s.store, s.fenced, "backfilling", snap.Total, done)
 		}
 	}
 	if !snapTime.IsZero() {
@@ -604,9 +595,7 @@ func (s *session) backfill(ctx context.Context, replConn *pgconn.PgConn, sink *l
 	if err := s.ledger.settle(ctx); err != nil {
 		return err
 	}
-	if err := s.fenced(ctx, func(tx pgx.Tx) error {
-		return s.store.SetPhase(ctx, tx, "live", snap.Total, done)
-	}); err != nil {
+	if err := setPhase(ctx, s.store, s.fenced, "live", snap.Total, done); err != nil {
 		return err
 	}
 	s.ledger.reached(consistent)

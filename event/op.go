@@ -4,9 +4,12 @@ package event
 // a rule may give), rules/ (what evaluation produces), apply/ (whether
 // intents fold) and admin/ (which ops a fixture's intent may have, which
 // writes commute between streams). How an op's SQL is built, which
-// privileges it needs and which columns it stores is the SQL layer's part, apply's opSQL table, keyed by the same Op; a test
-// there fails if an op of this table has no SQL part. Adding an op touches
-// this table, its SQL and their tests only.
+// privileges it needs and which columns it stores is the SQL layer's part,
+// apply's opSQLs table, keyed by the same Op; a test there fails if an op
+// of this table has no SQL part. Adding an op touches this table, its SQL
+// and their tests, and the docs that tests hold to the table: a row of
+// docs/config.md's op table (TestDocsOps) and a rule of
+// config.toml.example (TestExampleConfigEveryOp).
 
 // Op is a write operation a rule asks for.
 type Op string

@@ -24,120 +24,122 @@ import (
 // exact: balances and activity dead-letter nothing, w6 (the bench's W6
 // shape, with rule and integrity poison) exactly its poison events.
 func TestKillDuringBackfillAndLive(t *testing.T) {
-	const (
-		backfillKills = 5
-		liveKills     = 5
-		streams       = 1000
-		perStream     = 50
-	)
-	bal, act := balancesProjection(), activityProjection()
-	r, a, seed, rng := newLoadRig(t, streams, perStream, 200, 4*time.Millisecond, 0, w6Projection())
-	a.start(4, seed)
+	inEveryFeed(t, false, func(t *testing.T) {
+		const (
+			backfillKills = 5
+			liveKills     = 5
+			streams       = 1000
+			perStream     = 50
+		)
+		bal, act := balancesProjection(), activityProjection()
+		r, a, seed, rng := newLoadRig(t, streams, perStream, 200, 4*time.Millisecond, 0, w6Projection())
+		a.start(4, seed)
 
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
-	defer cancel()
-	kills := 0
-	for i := range backfillKills {
-		s := r.start()
-		r.waitLog(s, 2*time.Minute, `msg="backfill started" projection=balances`, 1)
-		// The log line comes before the watermark row that records the
-		// phase is committed: a kill in between would find no phase at
-		// all. Wait for the row, so that every kill hits a backfill that
-		// is durably under way.
-		r.waitUntil(2*time.Minute, "balances to record phase backfilling", func(ctx context.Context) (bool, error) {
-			phase, err := r.phase(ctx, bal)
-			return phase == "backfilling", err
-		})
-		before, err := r.accounted(ctx, bal)
-		if err != nil {
-			t.Fatal(err)
-		}
-		var where string
-		if i == 0 {
-			// Early: slot just created, first batches in flight.
-			d := time.Duration(rng.IntN(500)) * time.Millisecond
-			time.Sleep(d) // the random kill moment itself, not synchronisation
-			where = fmt.Sprintf("%s after the backfill started", d)
-		} else {
-			// A random share of what is left, so that every kill falls
-			// inside the backfill and each one gets further.
-			total := r.eventCount(ctx)
-			target := before + int64(float64(total-before)*(0.1+0.45*rng.Float64()))
-			r.waitUntil(2*time.Minute, fmt.Sprintf("balances to account for %d events", target), func(ctx context.Context) (bool, error) {
-				n, err := r.accounted(ctx, bal)
-				return n >= target, err
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+		defer cancel()
+		kills := 0
+		for i := range backfillKills {
+			s := r.start()
+			r.waitLog(s, 2*time.Minute, `msg="backfill started" projection=balances`, 1)
+			// The log line comes before the watermark row that records the
+			// phase is committed: a kill in between would find no phase at
+			// all. Wait for the row, so that every kill hits a backfill that
+			// is durably under way.
+			r.waitUntil(2*time.Minute, "balances to record phase backfilling", func(ctx context.Context) (bool, error) {
+				phase, err := r.phase(ctx, bal)
+				return phase == "backfilling", err
 			})
-			where = fmt.Sprintf("at %d of %d events accounted", target, total)
-		}
-		s.kill()
-		kills++
-		for _, p := range []coreProjection{bal, act} {
-			phase, err := r.phase(ctx, p)
+			before, err := r.accounted(ctx, bal)
 			if err != nil {
 				t.Fatal(err)
 			}
-			if p.name == bal.name && phase != "backfilling" {
-				t.Fatalf("kill %d: %s phase is %q after a kill meant to hit the backfill", kills, p.name, phase)
+			var where string
+			if i == 0 {
+				// Early: slot just created, first batches in flight.
+				d := time.Duration(rng.IntN(500)) * time.Millisecond
+				time.Sleep(d) // the random kill moment itself, not synchronisation
+				where = fmt.Sprintf("%s after the backfill started", d)
+			} else {
+				// A random share of what is left, so that every kill falls
+				// inside the backfill and each one gets further.
+				total := r.eventCount(ctx)
+				target := before + int64(float64(total-before)*(0.1+0.45*rng.Float64()))
+				r.waitUntil(2*time.Minute, fmt.Sprintf("balances to account for %d events", target), func(ctx context.Context) (bool, error) {
+					n, err := r.accounted(ctx, bal)
+					return n >= target, err
+				})
+				where = fmt.Sprintf("at %d of %d events accounted", target, total)
 			}
+			s.kill()
+			kills++
+			for _, p := range []coreProjection{bal, act} {
+				phase, err := r.phase(ctx, p)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if p.name == bal.name && phase != "backfilling" {
+					t.Fatalf("kill %d: %s phase is %q after a kill meant to hit the backfill", kills, p.name, phase)
+				}
+			}
+			after, err := r.accounted(ctx, bal)
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Logf("kill %d (backfill) %s: balances accounted %d → %d", kills, where, before, after)
 		}
-		after, err := r.accounted(ctx, bal)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Logf("kill %d (backfill) %s: balances accounted %d → %d", kills, where, before, after)
-	}
 
-	// Heavier load while streaming, so that kills find batches in flight
-	// and a backlog between what was received and what was applied.
-	a.pause.Store(int64(time.Millisecond))
-	for i := range liveKills {
+		// Heavier load while streaming, so that kills find batches in flight
+		// and a backlog between what was received and what was applied.
+		a.pause.Store(int64(time.Millisecond))
+		for i := range liveKills {
+			s := r.start()
+			r.waitStreaming(s, 3*time.Minute)
+			before := r.waitApplied(ctx, bal, time.Minute, 0, "balances to apply streamed events")
+			// A large source transaction (2000 events over 500 new streams),
+			// applied in many batches over every partition: the kill may fall
+			// while it is partly applied.
+			bulk := fmt.Sprintf("bulk%d-", kills)
+			r.bulk(bulk, 500, 4)
+			bulkApplied := func(ctx context.Context) (int64, error) {
+				var n int64
+				err := r.pool.QueryRow(ctx, `SELECT coalesce(sum(applied + skipped + dead_lettered), 0)::bigint FROM pgscribe.cursors
+					WHERE projection = $1 AND version = $2 AND stream_id LIKE $3 || '%'`, bal.name, bal.version, bulk).Scan(&n)
+				return n, err
+			}
+			var d time.Duration
+			where := "its commit"
+			if i%2 == 1 {
+				// Aim at the large transaction itself: once part of it is
+				// applied.
+				r.waitUntil(2*time.Minute, "balances to apply part of the large transaction", func(ctx context.Context) (bool, error) {
+					n, err := bulkApplied(ctx)
+					return n > 0, err
+				})
+				d = time.Duration(rng.IntN(200)) * time.Millisecond
+				where = "part of it was applied"
+			} else {
+				d = time.Duration(rng.IntN(1500)) * time.Millisecond
+			}
+			time.Sleep(d) // the random kill moment itself, not synchronisation
+			s.kill()
+			kills++
+			covered := r.checkNotAhead(fmt.Sprintf("kill %d", kills), a)
+			after, err := r.accounted(ctx, bal)
+			if err != nil {
+				t.Fatal(err)
+			}
+			bulkDone, err := bulkApplied(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Logf("kill %d (live) %s after %s, with %d of the large transaction's 2000 events applied: balances accounted %d → %d; checked %d transactions at or below the confirmed LSNs",
+				kills, d, where, bulkDone, before, after, covered)
+		}
+
 		s := r.start()
-		r.waitStreaming(s, 3*time.Minute)
-		before := r.waitApplied(ctx, bal, time.Minute, 0, "balances to apply streamed events")
-		// A large source transaction (2000 events over 500 new streams),
-		// applied in many batches over every partition: the kill may fall
-		// while it is partly applied.
-		bulk := fmt.Sprintf("bulk%d-", kills)
-		r.bulk(bulk, 500, 4)
-		bulkApplied := func(ctx context.Context) (int64, error) {
-			var n int64
-			err := r.pool.QueryRow(ctx, `SELECT coalesce(sum(applied + skipped + dead_lettered), 0)::bigint FROM pgscribe.cursors
-				WHERE projection = $1 AND version = $2 AND stream_id LIKE $3 || '%'`, bal.name, bal.version, bulk).Scan(&n)
-			return n, err
-		}
-		var d time.Duration
-		where := "its commit"
-		if i%2 == 1 {
-			// Aim at the large transaction itself: once part of it is
-			// applied.
-			r.waitUntil(2*time.Minute, "balances to apply part of the large transaction", func(ctx context.Context) (bool, error) {
-				n, err := bulkApplied(ctx)
-				return n > 0, err
-			})
-			d = time.Duration(rng.IntN(200)) * time.Millisecond
-			where = "part of it was applied"
-		} else {
-			d = time.Duration(rng.IntN(1500)) * time.Millisecond
-		}
-		time.Sleep(d) // the random kill moment itself, not synchronisation
-		s.kill()
-		kills++
-		covered := r.checkNotAhead(fmt.Sprintf("kill %d", kills), a)
-		after, err := r.accounted(ctx, bal)
-		if err != nil {
-			t.Fatal(err)
-		}
-		bulkDone, err := bulkApplied(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Logf("kill %d (live) %s after %s, with %d of the large transaction's 2000 events applied: balances accounted %d → %d; checked %d transactions at or below the confirmed LSNs",
-			kills, d, where, bulkDone, before, after, covered)
-	}
-
-	s := r.start()
-	drainCrashed(t, r, a, s, 3*time.Minute)
-	t.Logf("%d kills; %d events appended by writers, %d conflicts retried", kills, a.events.Load(), a.retries.Load())
+		drainCrashed(t, r, a, s, 3*time.Minute)
+		t.Logf("%d kills; %d events appended by writers, %d conflicts retried", kills, a.events.Load(), a.retries.Load())
+	})
 }
 
 // TestPostgresCrashUnderLoad crashes PostgreSQL (immediate shutdown, then
@@ -148,53 +150,55 @@ func TestKillDuringBackfillAndLive(t *testing.T) {
 // shape) ends exact.
 func TestPostgresCrashUnderLoad(t *testing.T) {
 	requireServer(t)
-	if !srv().CanRestart() {
-		t.Skipf("the %s server cannot be restarted", srv().Mode())
-	}
-	bal := balancesProjection()
-	r, a, seed, rng := newLoadRig(t, 300, 10, 100, 2*time.Millisecond, 2, w6Projection())
-	a.tolerateOutages = true
-	a.start(4, seed)
-	s := r.start()
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
-	defer cancel()
+	inEveryFeed(t, false, func(t *testing.T) {
+		if !srv().CanRestart() {
+			t.Skipf("the %s server cannot be restarted", srv().Mode())
+		}
+		bal := balancesProjection()
+		r, a, seed, rng := newLoadRig(t, 300, 10, 100, 2*time.Millisecond, 2, w6Projection())
+		a.tolerateOutages = true
+		a.start(4, seed)
+		s := r.start()
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+		defer cancel()
 
-	for i := range 2 {
-		// Not waitStreaming: the process is the same and logged "live"
-		// already.
-		r.waitUntil(2*time.Minute, "every projection to stream", func(ctx context.Context) (bool, error) {
-			for _, p := range r.projs {
-				if phase, err := r.phase(ctx, p); err != nil || phase != "live" {
-					return false, err
+		for i := range 2 {
+			// Not waitStreaming: the process is the same and logged "live"
+			// already.
+			r.waitUntil(2*time.Minute, "every projection to stream", func(ctx context.Context) (bool, error) {
+				for _, p := range r.projs {
+					if phase, err := r.phase(ctx, p); err != nil || phase != "live" {
+						return false, err
+					}
 				}
+				return true, nil
+			})
+			r.waitApplied(ctx, bal, time.Minute, 500, "balances to apply streamed events")
+			time.Sleep(time.Duration(rng.IntN(1000)) * time.Millisecond) // the random crash moment, not synchronisation
+			outages := a.outages.Load()
+			if err := srv().Restart(ctx, true); err != nil {
+				t.Fatalf("crash PostgreSQL: %v", err)
 			}
-			return true, nil
-		})
-		r.waitApplied(ctx, bal, time.Minute, 500, "balances to apply streamed events")
-		time.Sleep(time.Duration(rng.IntN(1000)) * time.Millisecond) // the random crash moment, not synchronisation
-		outages := a.outages.Load()
-		if err := srv().Restart(ctx, true); err != nil {
-			t.Fatalf("crash PostgreSQL: %v", err)
-		}
-		r.pool.Reset() // its connections died with the server
-		atCrash := r.eventCount(ctx)
-		// Writers resume, and pgscribe, by itself, applies what they write.
-		r.waitUntil(2*time.Minute, "pgscribe to apply events written after the crash", func(ctx context.Context) (bool, error) {
-			for _, p := range r.projs {
-				n, err := r.accounted(ctx, p)
-				if err != nil || n <= atCrash+200 {
-					return false, err
+			r.pool.Reset() // its connections died with the server
+			atCrash := r.eventCount(ctx)
+			// Writers resume, and pgscribe, by itself, applies what they write.
+			r.waitUntil(2*time.Minute, "pgscribe to apply events written after the crash", func(ctx context.Context) (bool, error) {
+				for _, p := range r.projs {
+					n, err := r.accounted(ctx, p)
+					if err != nil || n <= atCrash+200 {
+						return false, err
+					}
 				}
+				return true, nil
+			})
+			if !s.running() {
+				t.Fatalf("pgscribe exited after PostgreSQL crashed")
 			}
-			return true, nil
-		})
-		if !s.running() {
-			t.Fatalf("pgscribe exited after PostgreSQL crashed")
+			t.Logf("crash %d at %d events: writers retried %d transactions, pgscribe resumed by itself",
+				i+1, atCrash, a.outages.Load()-outages)
 		}
-		t.Logf("crash %d at %d events: writers retried %d transactions, pgscribe resumed by itself",
-			i+1, atCrash, a.outages.Load()-outages)
-	}
-	drainCrashed(t, r, a, s, 2*time.Minute)
+		drainCrashed(t, r, a, s, 2*time.Minute)
+	})
 }
 
 // drainCrashed ends a crash test: it stops the writers, waits up to catchUp

@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"net/http"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -18,6 +19,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/pgscribe/pgscribe/engine"
 )
 
 // faultProjection is a projection of the shape most fault tests use. For
@@ -79,6 +82,52 @@ func (p faultProjection) check(t *testing.T, e *faultEnv) {
 		p.types)
 }
 
+// feedMode is how a projection version reads its source. Every guarantee
+// of the source and of a version's lifecycle holds in each mode, so the
+// tests of those guarantees run in each (inEveryFeed): a regression that
+// only one mode has (a group's stream once failed silently, because every
+// source-fault test ran a projection alone) fails a test.
+type feedMode string
+
+const (
+	// feedAlone: the only projection of its group, on a slot of its own.
+	feedAlone feedMode = engine.FeedAlone
+	// feedMember: a member of a group of two (a peer projection with the
+	// same rules beside it), on the group's slot, its stream fanned out
+	// by the group's hub.
+	feedMember feedMode = engine.FeedMember
+)
+
+// feedModes lists every mode the matrix runs; TestFeedModesCovered checks
+// it against the engine's own list of feed states.
+var feedModes = []feedMode{feedAlone, feedMember}
+
+// inEveryFeed runs body once per feed mode, as subtests named after the
+// mode; newFaultEnv reads the mode from the subtest's name. Parallel
+// subtests unless the test changes the shared server (restarts, settings).
+func inEveryFeed(t *testing.T, parallel bool, body func(t *testing.T)) {
+	t.Helper()
+	for _, m := range feedModes {
+		t.Run(string(m), func(t *testing.T) {
+			if parallel {
+				t.Parallel()
+			}
+			body(t)
+		})
+	}
+}
+
+// feedOf is the mode of a test that inEveryFeed runs, "" for the others
+// (which set up their projections' groups themselves).
+func feedOf(t *testing.T) feedMode {
+	for _, m := range feedModes {
+		if strings.HasSuffix(t.Name(), "/"+string(m)) {
+			return m
+		}
+	}
+	return ""
+}
+
 // faultEnv is one fault test's world: its own database (events table,
 // engine schema, publication, read models), a unique slot prefix and the
 // configuration file the engine runs with.
@@ -88,6 +137,7 @@ type faultEnv struct {
 	config     string // path of the configuration file
 	slotPrefix string
 	pool       *pgxpool.Pool
+	mode       feedMode // feedMember: each projection has a peer in its group
 
 	mu   sync.Mutex
 	next map[string]int64 // stream id → next stream_position
@@ -104,15 +154,30 @@ func newFaultEnv(t *testing.T, retryAttempts int, projs ...faultProjection) *fau
 		t.Fatalf("pool: %v", err)
 	}
 	t.Cleanup(pool.Close)
-	e := &faultEnv{dsn: dsn, dir: t.TempDir(), slotPrefix: uniqueID("flt_"), pool: pool, next: map[string]int64{}}
+	e := &faultEnv{dsn: dsn, dir: t.TempDir(), slotPrefix: uniqueID("flt_"), pool: pool, mode: feedOf(t), next: map[string]int64{}}
 	e.config = filepath.Join(e.dir, "pgscribe.toml")
 	e.writeConfig(t, retryAttempts, projs...)
 
 	migrate(t, e.config)
-	for _, p := range projs {
+	for _, p := range e.withPeers(projs) {
 		e.exec(t, p.ddl())
 	}
 	return e
+}
+
+// withPeers is projs with, in mode feedMember, each projection's peer: the
+// same rules under the name <name>_peer, in the same (default) group.
+func (e *faultEnv) withPeers(projs []faultProjection) []faultProjection {
+	if e.mode != feedMember {
+		return projs
+	}
+	all := make([]faultProjection, 0, 2*len(projs))
+	for _, p := range projs {
+		peer := p
+		peer.name += "_peer"
+		all = append(all, p, peer)
+	}
+	return all
 }
 
 // startFault is the start of most fault tests: a fresh environment for
@@ -126,7 +191,7 @@ func startFault(t *testing.T, retryAttempts int, ddl string, backlog []faultEven
 	}
 	e.appendEvents(t, backlog...)
 	p := e.start(t)
-	for _, pr := range projs {
+	for _, pr := range e.withPeers(projs) {
 		waitAccounted(t, e.pool, waitLong, pr.name, 1, p.broken)
 		// The cursors account for the backlog just before the backfill
 		// records phase live: a test that stops the engine next must not
@@ -135,7 +200,28 @@ func startFault(t *testing.T, retryAttempts int, ddl string, backlog []faultEven
 			return e.scalar(t, `SELECT count(*) FROM pgscribe.watermarks WHERE projection = $1 AND version = 1 AND phase = 'live'`, pr.name) == 1
 		})
 	}
+	e.joined(t, p, 0, projs...)
 	return e, p
+}
+
+// joined waits, in mode feedMember, until every projection of projs and
+// its peer joined the group's stream after the log mark and dropped its
+// own slot: a member streams its own slot after a backfill (or a resync)
+// until it joins, and the tests go on from the steady state.
+func (e *faultEnv) joined(t *testing.T, p *node, mark int, projs ...faultProjection) {
+	t.Helper()
+	if e.mode != feedMember {
+		return
+	}
+	for _, pr := range e.withPeers(projs) {
+		waitUntil(t, waitLong, pr.name+" to join the group's stream", func(context.Context) (bool, error) {
+			return p.countLogAfter(mark, logMsg("joined the group's stream", pr.name)) > 0, nil
+		}, p.broken)
+		own := slotName(e.slotPrefix, pr.name, 1)
+		waitFor(t, waitLong, pr.name+" to drop its own slot after joining", func() bool {
+			return e.scalar(t, `SELECT count(*) FROM pg_replication_slots WHERE slot_name = $1`, own) == 0
+		})
+	}
 }
 
 // writeConfig (re)writes the configuration file: small batches and
@@ -148,14 +234,20 @@ func (e *faultEnv) writeConfig(t *testing.T, retryAttempts int, projs ...faultPr
 	}).with("retry", map[string]string{
 		"max_attempts": fmt.Sprint(retryAttempts), "backoff": `"20ms"`, "max_backoff": `"200ms"`,
 	}).set("log", "level", `"info"`)
-	for _, p := range projs {
+	for _, p := range e.withPeers(projs) {
 		c.add(p.toml())
 	}
 	c.write(t, e.config)
 }
 
-// slot is the replication slot of projection version 1.
-func (e *faultEnv) slot(projection string) string { return slotName(e.slotPrefix, projection, 1) }
+// slot is the replication slot projection version 1 streams from once
+// live: its own, or in mode feedMember its group's.
+func (e *faultEnv) slot(projection string) string {
+	if e.mode == feedMember {
+		return e.slotPrefix + "_group_default"
+	}
+	return slotName(e.slotPrefix, projection, 1)
+}
 
 func (e *faultEnv) exec(t *testing.T, sql string, args ...any) {
 	t.Helper()
@@ -280,6 +372,7 @@ FROM pgscribe.dead_letters WHERE projection = $1`, projection).Scan(&kinds)
 // holds, nothing is dead-lettered and nothing is halted.
 func (e *faultEnv) verifyClean(t *testing.T, p *node, projs ...faultProjection) {
 	t.Helper()
+	projs = e.withPeers(projs)
 	for _, pr := range projs {
 		waitAccounted(t, e.pool, waitLong, pr.name, 1, p.broken)
 	}
@@ -466,5 +559,23 @@ func (w *faultWriter) stop(t *testing.T) {
 	<-w.done
 	if w.err != nil {
 		t.Fatalf("event writer gave up: %v", w.err)
+	}
+}
+
+// TestFeedModesCovered: every feed mode of the engine has its row in the
+// matrix (feedModes), so a new mode is not done until the source-fault
+// and lifecycle tests run in it.
+func TestFeedModesCovered(t *testing.T) {
+	var have []string
+	for _, m := range feedModes {
+		have = append(have, string(m))
+	}
+	for _, m := range engine.FeedModes {
+		if !slices.Contains(have, m) {
+			t.Errorf("engine feed mode %q has no row in the integration matrix (feedModes, inEveryFeed)", m)
+		}
+	}
+	if len(have) != len(engine.FeedModes) {
+		t.Errorf("the matrix runs modes %v, the engine has %v", have, engine.FeedModes)
 	}
 }

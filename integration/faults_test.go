@@ -1,6 +1,7 @@
 package integration
 
-// Fault tests (DESIGN §1 guarantees 4–5, §3 lost slot, §5 failure taxonomy):
+// Fault tests (guarantees 4–5 of docs/architecture.md, the lost slot and
+// the failure classes of docs/failures.md):
 // every failure ends in the response its class calls for — dead letter,
 // halt, retry or resync — visibly (log, metric, health), and with nothing
 // lost: each test ends with the read model equal to an independent SQL
@@ -320,43 +321,45 @@ func TestFaultRenamedColumn(t *testing.T) {
 // and the projection never halts.
 func TestFaultTerminatedBackends(t *testing.T) {
 	t.Parallel()
-	proj := faultProjection{name: "kill", types: []string{"Tick"}}
-	e, p := startFault(t, 0, "", rounds("k", 10, 30, "Tick", nil), proj)
-	// Kill under live load. During the backfill a killed connection ends
-	// the whole session (its watermark and phase writes are not retried):
-	// it restarts after a backoff instead of retrying a batch.
-	p.waitLog(waitLong, "the live state", func(r map[string]any) bool {
-		return r["msg"] == "state" && r["state"] == "live" && r["projection"] == proj.name
+	inEveryFeed(t, true, func(t *testing.T) {
+		proj := faultProjection{name: "kill", types: []string{"Tick"}}
+		e, p := startFault(t, 0, "", rounds("k", 10, 30, "Tick", nil), proj)
+		// Kill under live load. During the backfill a killed connection ends
+		// the whole session (its watermark and phase writes are not retried):
+		// it restarts after a backoff instead of retrying a batch.
+		p.waitLog(waitLong, "the live state", func(r map[string]any) bool {
+			return r["msg"] == "state" && r["state"] == "live" && r["projection"] == proj.name
+		})
+
+		w := startWriter(e.dsn, 8, 5, 15*time.Millisecond)
+		killed := 0
+		start := time.Now()
+		for time.Since(start) < 4*time.Second || w.transactions() < 40 {
+			if time.Since(start) > time.Minute {
+				t.Fatalf("the writer committed only %d transactions in a minute", w.transactions())
+			}
+			n, err := e.terminateBackends(context.Background(), `application_name = 'pgscribe' AND backend_type = 'client backend'`)
+			if err != nil {
+				t.Fatalf("terminate backends: %v", err)
+			}
+			killed += n
+			time.Sleep(70 * time.Millisecond)
+		}
+		w.stop(t)
+		t.Logf("terminated %d engine backends while %d transactions were written", killed, w.transactions())
+		if killed == 0 {
+			t.Fatal("no engine backend was terminated")
+		}
+
+		e.verifyClean(t, p, proj)
+		retried := p.metric("pgscribe_batches_total", projLabels(proj.name, "result", "retried"))
+		restarts := p.metric("pgscribe_restarts_total", projLabels(proj.name))
+		t.Logf("batches retried: %v, pipeline restarts: %v", retried, restarts)
+		if retried < 1 {
+			t.Errorf("pgscribe_batches_total{result=retried} = %v: no batch went through a transient retry", retried)
+		}
+		p.stop()
 	})
-
-	w := startWriter(e.dsn, 8, 5, 15*time.Millisecond)
-	killed := 0
-	start := time.Now()
-	for time.Since(start) < 4*time.Second || w.transactions() < 40 {
-		if time.Since(start) > time.Minute {
-			t.Fatalf("the writer committed only %d transactions in a minute", w.transactions())
-		}
-		n, err := e.terminateBackends(context.Background(), `application_name = 'pgscribe' AND backend_type = 'client backend'`)
-		if err != nil {
-			t.Fatalf("terminate backends: %v", err)
-		}
-		killed += n
-		time.Sleep(70 * time.Millisecond)
-	}
-	w.stop(t)
-	t.Logf("terminated %d engine backends while %d transactions were written", killed, w.transactions())
-	if killed == 0 {
-		t.Fatal("no engine backend was terminated")
-	}
-
-	e.verifyClean(t, p, proj)
-	retried := p.metric("pgscribe_batches_total", projLabels(proj.name, "result", "retried"))
-	restarts := p.metric("pgscribe_restarts_total", projLabels(proj.name))
-	t.Logf("batches retried: %v, pipeline restarts: %v", retried, restarts)
-	if retried < 1 {
-		t.Errorf("pgscribe_batches_total{result=retried} = %v: no batch went through a transient retry", retried)
-	}
-	p.stop()
 }
 
 // TestFaultDroppedSlot: the projection's slot is dropped, first while the
@@ -366,40 +369,47 @@ func TestFaultTerminatedBackends(t *testing.T) {
 // apply would be a unique violation on the rows' event id).
 func TestFaultDroppedSlot(t *testing.T) {
 	t.Parallel()
-	proj := faultProjection{name: "slot", types: []string{"Tick"}}
-	e, p := startFault(t, 5, "", rounds("s", 8, 10, "Tick", nil), proj)
-	p.stop()
-	slot := e.slot(proj.name)
-	slotExists := func() bool {
-		return e.scalar(t, `SELECT count(*) FROM pg_replication_slots WHERE slot_name = $1`, slot) == 1
-	}
-	resync := logMsg("slot is missing: resyncing", proj.name)
-	verify := func(p *node) {
-		t.Helper()
-		e.verifyClean(t, p, proj)
-		if !slotExists() {
-			t.Errorf("slot %s was not created again", slot)
+	inEveryFeed(t, true, func(t *testing.T) {
+		proj := faultProjection{name: "slot", types: []string{"Tick"}}
+		e, p := startFault(t, 5, "", rounds("s", 8, 10, "Tick", nil), proj)
+		p.stop()
+		slot := e.slot(proj.name)
+		slotExists := func() bool {
+			return e.scalar(t, `SELECT count(*) FROM pg_replication_slots WHERE slot_name = $1`, slot) == 1
 		}
-	}
+		resync := logMsg("slot is missing: resyncing", proj.name)
+		mark := 0 // where verify looks for the members' joins (mode feedMember)
+		verify := func(p *node) {
+			t.Helper()
+			e.verifyClean(t, p, proj)
+			// A group's slot comes back once its members caught up on
+			// their own slots and join.
+			e.joined(t, p, mark, proj)
+			if !slotExists() {
+				t.Errorf("slot %s was not created again", slot)
+			}
+		}
 
-	// Dropped while the engine is stopped; events arrive meanwhile.
-	e.dropSlot(t, slot)
-	e.appendEvents(t, rounds("s", 8, 5, "Tick", nil)...)
-	p = e.start(t)
-	p.waitLog(waitLong, "the resync", resync)
-	if rec := p.waitLog(waitLong, "the backfill", logMsg("backfill started", proj.name)); logString(rec, "events") != fmt.Sprint(e.events(t)) {
-		t.Errorf("the resync re-read %s events, want the whole table (%d): %v", logString(rec, "events"), e.events(t), rec)
-	}
-	verify(p)
+		// Dropped while the engine is stopped; events arrive meanwhile.
+		e.dropSlot(t, slot)
+		e.appendEvents(t, rounds("s", 8, 5, "Tick", nil)...)
+		p = e.start(t)
+		p.waitLog(waitLong, "the resync", resync)
+		if rec := p.waitLog(waitLong, "the backfill", logMsg("backfill started", proj.name)); logString(rec, "events") != fmt.Sprint(e.events(t)) {
+			t.Errorf("the resync re-read %s events, want the whole table (%d): %v", logString(rec, "events"), e.events(t), rec)
+		}
+		verify(p)
 
-	// Dropped under the running engine, with events before and after.
-	e.appendEvents(t, rounds("s", 8, 5, "Tick", nil)...)
-	e.dropSlot(t, slot)
-	e.appendEvents(t, rounds("s", 8, 5, "Tick", nil)...)
-	waitFor(t, waitLong, "a second resync", func() bool { return p.countLog(resync) >= 2 })
-	e.appendEvents(t, rounds("s", 8, 3, "Tick", nil)...)
-	verify(p)
-	p.stop()
+		// Dropped under the running engine, with events before and after.
+		mark = p.mark()
+		e.appendEvents(t, rounds("s", 8, 5, "Tick", nil)...)
+		e.dropSlot(t, slot)
+		e.appendEvents(t, rounds("s", 8, 5, "Tick", nil)...)
+		waitFor(t, waitLong, "a second resync", func() bool { return p.countLog(resync) >= 2 })
+		e.appendEvents(t, rounds("s", 8, 3, "Tick", nil)...)
+		verify(p)
+		p.stop()
+	})
 }
 
 // TestFaultHaltOnError: with on_error = "halt" the first event that would
@@ -408,51 +418,53 @@ func TestFaultDroppedSlot(t *testing.T) {
 // so that it no longer fails and restarting resumes with the exact result.
 func TestFaultHaltOnError(t *testing.T) {
 	t.Parallel()
-	const streams, parallelism = 6, 2 // parallelism as in writeConfig
-	reject := func(when string) faultProjection {
-		return faultProjection{name: "halting", onError: "halt", types: []string{"Tick"}, extra: []rule{
-			{name: "reject", on: "Tick", when: when, op: "fail", message: "'negative v: ' + string(data.v)"}}}
-	}
-	proj := reject("data.v < 0")
-	e, p := startFault(t, 5, "", rounds("h", streams, 5, "Tick", nil), proj)
+	inEveryFeed(t, true, func(t *testing.T) {
+		const streams, parallelism = 6, 2 // parallelism as in writeConfig
+		reject := func(when string) faultProjection {
+			return faultProjection{name: "halting", onError: "halt", types: []string{"Tick"}, extra: []rule{
+				{name: "reject", on: "Tick", when: when, op: "fail", message: "'negative v: ' + string(data.v)"}}}
+		}
+		proj := reject("data.v < 0")
+		e, p := startFault(t, 5, "", rounds("h", streams, 5, "Tick", nil), proj)
 
-	const poisonRound, poisonStream = 4, 2
-	tx := rounds("h", streams, 10, "Tick", map[[2]int]faultEvent{{poisonRound, poisonStream}: ev("", "Tick", -1)})
-	positions := e.appendEvents(t, tx...)
-	rec := p.waitHalted(proj.name, "")
-	if reason := logString(rec, "reason"); !strings.Contains(reason, "on_error = halt") || !strings.Contains(reason, "rule:reject") {
-		t.Errorf("halt reason %q does not name on_error = halt and rule:reject", reason)
-	}
-	e.checkNoDeadLetters(t, proj.name)
+		const poisonRound, poisonStream = 4, 2
+		tx := rounds("h", streams, 10, "Tick", map[[2]int]faultEvent{{poisonRound, poisonStream}: ev("", "Tick", -1)})
+		positions := e.appendEvents(t, tx...)
+		rec := p.waitHalted(proj.name, "")
+		if reason := logString(rec, "reason"); !strings.Contains(reason, "on_error = halt") || !strings.Contains(reason, "rule:reject") {
+			t.Errorf("halt reason %q does not name on_error = halt and rule:reject", reason)
+		}
+		e.checkNoDeadLetters(t, proj.name)
 
-	// In the poison's partition nothing at or after it (in commit order,
-	// here the order of the transaction) is acknowledged.
-	poison := poisonRound*streams + poisonStream
-	part := apply.Partition(tx[poison].stream, parallelism)
-	lastBefore := map[string]int64{}
-	for i, x := range tx {
-		if apply.Partition(x.stream, parallelism) != part {
-			continue
+		// In the poison's partition nothing at or after it (in commit order,
+		// here the order of the transaction) is acknowledged.
+		poison := poisonRound*streams + poisonStream
+		part := apply.Partition(tx[poison].stream, parallelism)
+		lastBefore := map[string]int64{}
+		for i, x := range tx {
+			if apply.Partition(x.stream, parallelism) != part {
+				continue
+			}
+			if _, ok := lastBefore[x.stream]; !ok {
+				lastBefore[x.stream] = positions[i] - 1
+			}
+			if i < poison {
+				lastBefore[x.stream] = positions[i]
+			}
 		}
-		if _, ok := lastBefore[x.stream]; !ok {
-			lastBefore[x.stream] = positions[i] - 1
+		for stream, limit := range lastBefore {
+			if got := e.cursor(t, proj.name, stream); got > limit {
+				t.Errorf("cursor of %s (poison's partition) = %d after the halt, want ≤ %d", stream, got, limit)
+			}
 		}
-		if i < poison {
-			lastBefore[x.stream] = positions[i]
-		}
-	}
-	for stream, limit := range lastBefore {
-		if got := e.cursor(t, proj.name, stream); got > limit {
-			t.Errorf("cursor of %s (poison's partition) = %d after the halt, want ≤ %d", stream, got, limit)
-		}
-	}
-	p.stop()
+		p.stop()
 
-	// Fix the data path: the rule no longer fails.
-	e.writeConfig(t, 5, reject("data.v < -1000000"))
-	p = e.start(t)
-	e.verifyClean(t, p, proj)
-	p.stop()
+		// Fix the data path: the rule no longer fails.
+		e.writeConfig(t, 5, reject("data.v < -1000000"))
+		p = e.start(t)
+		e.verifyClean(t, p, proj)
+		p.stop()
+	})
 }
 
 // TestFaultServerRestart: PostgreSQL restarts (fast shutdown) under load.
@@ -461,28 +473,30 @@ func TestFaultHaltOnError(t *testing.T) {
 // the restart breaks every connection to the shared server.
 func TestFaultServerRestart(t *testing.T) {
 	requireServer(t)
-	if !srv().CanRestart() {
-		t.Skipf("%s server cannot be restarted", srv().Mode())
-	}
-	proj := faultProjection{name: "restart", types: []string{"Tick"}}
-	e, p := startFault(t, 5, "", rounds("r", 6, 10, "Tick", nil), proj)
+	inEveryFeed(t, false, func(t *testing.T) {
+		if !srv().CanRestart() {
+			t.Skipf("%s server cannot be restarted", srv().Mode())
+		}
+		proj := faultProjection{name: "restart", types: []string{"Tick"}}
+		e, p := startFault(t, 5, "", rounds("r", 6, 10, "Tick", nil), proj)
 
-	w := startWriter(e.dsn, 6, 5, 15*time.Millisecond)
-	waitFor(t, waitLong, "load before the restart", func() bool { return w.transactions() >= 20 })
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	if err := srv().Restart(ctx, false); err != nil {
-		t.Fatalf("restart: %v", err)
-	}
-	e.pool.Reset() // the test's own connections did not survive either
-	after := w.transactions()
-	waitFor(t, waitLong, "load after the restart", func() bool { return w.transactions() >= after+20 })
-	w.stop(t)
+		w := startWriter(e.dsn, 6, 5, 15*time.Millisecond)
+		waitFor(t, waitLong, "load before the restart", func() bool { return w.transactions() >= 20 })
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+		defer cancel()
+		if err := srv().Restart(ctx, false); err != nil {
+			t.Fatalf("restart: %v", err)
+		}
+		e.pool.Reset() // the test's own connections did not survive either
+		after := w.transactions()
+		waitFor(t, waitLong, "load after the restart", func() bool { return w.transactions() >= after+20 })
+		w.stop(t)
 
-	e.verifyClean(t, p, proj)
-	t.Logf("batches retried: %v, pipeline restarts: %v, lock re-acquired %d times",
-		p.metric("pgscribe_batches_total", projLabels(proj.name, "result", "retried")),
-		p.metric("pgscribe_restarts_total", projLabels(proj.name)),
-		p.countLog(logMsg("acquired lock", proj.name))-1)
-	p.stop()
+		e.verifyClean(t, p, proj)
+		t.Logf("batches retried: %v, pipeline restarts: %v, lock re-acquired %d times",
+			p.metric("pgscribe_batches_total", projLabels(proj.name, "result", "retried")),
+			p.metric("pgscribe_restarts_total", projLabels(proj.name)),
+			p.countLog(logMsg("acquired lock", proj.name))-1)
+		p.stop()
+	})
 }

@@ -239,6 +239,21 @@ func openedProjection() coreProjection {
 	}
 }
 
+// streamUnderWriters is the start of several group tests: r seeded with
+// streams × perStream events, writers appending to those streams and extra
+// new ones (the seed their choices replay from is logged and returned),
+// and pgscribe started and streaming.
+func (r *rig) streamUnderWriters(streams, perStream, extra, writers int) (a *appender, s *node, seed uint64) {
+	r.t.Helper()
+	seed = seedFromEnv(r.t)
+	r.seed(streams, perStream)
+	a = newAppender(r, streams+extra, 3*time.Millisecond)
+	a.start(writers, seed)
+	s = r.start()
+	r.waitStreaming(s, 3*time.Minute)
+	return a, s, seed
+}
+
 // TestGroupShareOneSlot: three projections of the default group with
 // different rules (a per-stream upsert with inc, a key-only insert, an
 // insert per event) build from a backlog and stream under writers. They
@@ -248,12 +263,7 @@ func TestGroupShareOneSlot(t *testing.T) {
 	stats, opened, act := streamStatsProjection(), openedProjection(), activityProjection()
 	// A group counts as one against max_active_projections: all three run.
 	r := newRig(t, []coreProjection{stats, opened, act}, map[string]string{"max_active_projections": "1"})
-	seed := seedFromEnv(t)
-	r.seed(300, 20)
-	a := newAppender(r, 350, 3*time.Millisecond)
-	a.start(3, seed)
-	s := r.start()
-	r.waitStreaming(s, 3*time.Minute)
+	a, s, _ := r.streamUnderWriters(300, 20, 50, 3)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	for _, p := range r.projs {
@@ -321,15 +331,9 @@ func TestGroupKill9WhileJoining(t *testing.T) {
 	act, stats := activityProjection(), streamStatsProjection()
 	members := []gMember{{act.name, act.version}, {stats.name, stats.version}}
 	r := newRig(t, []coreProjection{act}, nil)
-	seed := seedFromEnv(t)
-	rng := rand.New(rand.NewPCG(seed, 7))
-	r.seed(500, 20)
-	a := newAppender(r, 560, 3*time.Millisecond)
-	a.start(3, seed)
-
 	// Alone in its group: the version's own slot, as before groups.
-	s := r.start()
-	r.waitStreaming(s, 3*time.Minute)
+	a, s, seed := r.streamUnderWriters(500, 20, 60, 3)
+	rng := rand.New(rand.NewPCG(seed, 7))
 	if slots := prefixSlots(t, r.pool, r.prefix); len(slots) != 1 || !slots[r.slot(act)] {
 		t.Errorf("a group of one: slots %v, want only %s", slots, r.slot(act))
 	}
@@ -712,12 +716,7 @@ func TestGroupStatus(t *testing.T) {
 func TestGroupShrinkToOne(t *testing.T) {
 	act, stats := activityProjection(), streamStatsProjection()
 	r := newRig(t, []coreProjection{act, stats}, nil)
-	seed := seedFromEnv(t)
-	r.seed(200, 10)
-	a := newAppender(r, 240, 3*time.Millisecond)
-	a.start(2, seed)
-	s := r.start()
-	r.waitStreaming(s, 3*time.Minute)
+	a, s, _ := r.streamUnderWriters(200, 10, 40, 2)
 	requireOnGroupSlot(t, r.pool, r.prefix, "default", gMember{act.name, act.version}, gMember{stats.name, stats.version})
 	s.terminate(time.Minute)
 	statsHeld := loadWatermark(t, r.pool, stats.name, stats.version)
@@ -804,6 +803,17 @@ func TestGroupShrinkToOne(t *testing.T) {
 		gslot, retained, rep.Unconfigured, scalar[int64](t, r.pool, `SELECT count(*) FROM pgscribe.watermarks WHERE slot_name = $1`, gslot))
 }
 
+// verifyGroup is verifyClean for members that end on the group's slot:
+// both exact, both streaming from it, and it confirmed up to their
+// watermarks.
+func (e *faultEnv) verifyGroup(t *testing.T, p *node, g1, g2 faultProjection) {
+	t.Helper()
+	e.verifyClean(t, p, g1, g2)
+	gm := []gMember{{g1.name, 1}, {g2.name, 1}}
+	requireOnGroupSlot(t, e.pool, e.slotPrefix, "default", gm...)
+	requireGroupConfirmed(t, e.pool, e.slotPrefix, "default", gm...)
+}
+
 // TestGroupKill9WhileCatchingUp: g2 is paused under load, so that the
 // group's stream passes it; on resume it catches up on a copy of the
 // group's slot before it joins again. pgscribe is killed (SIGKILL) during
@@ -852,10 +862,7 @@ func TestGroupKill9WhileCatchingUp(t *testing.T) {
 		}
 	}
 	w.stop(t)
-	e.verifyClean(t, p, g1, g2)
-	gm := []gMember{{"g1", 1}, {"g2", 1}}
-	requireOnGroupSlot(t, e.pool, e.slotPrefix, "default", gm...)
-	requireGroupConfirmed(t, e.pool, e.slotPrefix, "default", gm...)
+	e.verifyGroup(t, p, g1, g2)
 	p.stop()
 }
 
@@ -925,10 +932,7 @@ func TestGroupJoinUnderSustainedLoad(t *testing.T) {
 		t.Log("g2 joined without the group's stream waiting for it (the writer left it room)")
 	}
 	w.stop(t)
-	e.verifyClean(t, p, g1, g2)
-	gm := []gMember{{"g1", 1}, {"g2", 1}}
-	requireOnGroupSlot(t, e.pool, e.slotPrefix, "default", gm...)
-	requireGroupConfirmed(t, e.pool, e.slotPrefix, "default", gm...)
+	e.verifyGroup(t, p, g1, g2)
 	p.stop()
 }
 
@@ -958,4 +962,39 @@ func appendBacklog(t *testing.T, e *faultEnv, prefix string, streams, txs int, b
 		}
 		e.appendEvents(t, evs...)
 	}
+}
+
+// TestGroupSlowMemberDetached: of a group of two, g2's rule sleeps in
+// PostgreSQL for every event, so that its queue stays full under a burst.
+// After slow_member_timeout (5 s by default) the group's stream detaches
+// it: g1 applies the whole burst without waiting for g2, g2's watermark
+// holds the group's slot back meanwhile, g2 catches up on a copy of the
+// group's slot, joins again, and both end exact.
+func TestGroupSlowMemberDetached(t *testing.T) {
+	t.Parallel()
+	g1 := faultProjection{name: "g1", types: []string{"Tick"}}
+	g2 := faultProjection{name: "g2", types: []string{"Tick"}, extra: []rule{
+		{name: "slow", on: "Tick", op: "sql", args: `["stream_id"]`, sql: "SELECT pg_sleep(0.003) WHERE $1::text IS NOT NULL"}}}
+	e, p := startFault(t, 10, "", []faultEvent{ev("b-0", "Tick", 1)}, g1, g2)
+	for _, g := range []string{"g1", "g2"} {
+		p.waitLog(waitLong, g+" joining the group", logMsg("joined the group's stream", g))
+	}
+	mark := p.mark()
+	appendBacklog(t, e, "s", 20, 5, 0) // 5,000 events: about 15 s of g2's sleeps
+	total := e.events(t)
+	waitAccounted(t, e.pool, waitLong, "g1", 1, p.broken)
+	if p.countLogAfter(mark, logMsg("a member's queue stayed full: detached", "")) == 0 {
+		t.Errorf("g1 caught up, yet no member was detached for a full queue")
+	}
+	if got := e.accounted(t, "g2"); got >= total {
+		t.Errorf("g2 accounts for all %d events as soon as g1: was it slow at all?", got)
+	}
+	waitUntil(t, waitLong, "g2 to join the group's stream again", func(context.Context) (bool, error) {
+		return p.countLogAfter(mark, logMsg("joined the group's stream", "g2")) > 0, nil
+	}, p.broken)
+	if p.countLogAfter(mark, logMsg("streaming from a copy of the group's slot", "g2")) == 0 {
+		t.Errorf("g2 rejoined without catching up on a copy of the group's slot")
+	}
+	bothOnStream(t, e, p, g1, g2)
+	p.stop()
 }

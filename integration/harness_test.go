@@ -80,7 +80,7 @@ func uniqueID(kind string) string {
 }
 
 // slotName is the replication slot pgscribe creates for a projection
-// version (DESIGN: <slot_prefix>_<projection>_v<version>).
+// version (<slot_prefix>_<projection>_v<version>, as config.SlotName).
 func slotName(prefix, projection string, version int) string {
 	return fmt.Sprintf("%s_%s_v%d", prefix, projection, version)
 }

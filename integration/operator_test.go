@@ -111,117 +111,121 @@ func (e *faultEnv) holdsStill(t *testing.T, projection string, n int64, d time.D
 // takes over stays paused), and a resume ends with the exact read model.
 func TestOperatorPauseFailover(t *testing.T) {
 	t.Parallel()
-	proj := faultProjection{name: "pz", types: []string{"Tick"}}
-	backlog := make([]faultEvent, 0, 60)
-	for i := range 60 {
-		backlog = append(backlog, ev("b-"+string(rune('a'+i%6)), "Tick", int64(i)))
-	}
-	e, a := startFault(t, 10, "", backlog, proj)
-	b := e.start(t)
-	waitMetric(t, a, "pgscribe_active", "pz", 1, waitLong)
-	w := startWriter(e.dsn, 8, 4, 5*time.Millisecond)
-	defer func() {
-		select {
-		case <-w.stopc:
-		default:
-			w.stop(t)
+	inEveryFeed(t, true, func(t *testing.T) {
+		proj := faultProjection{name: "pz", types: []string{"Tick"}}
+		backlog := make([]faultEvent, 0, 60)
+		for i := range 60 {
+			backlog = append(backlog, ev("b-"+string(rune('a'+i%6)), "Tick", int64(i)))
 		}
-	}()
-	base := e.accounted(t, "pz")
-	waitFor(t, waitLong, "the writer's events applied", func() bool { return e.accounted(t, "pz") > base+200 })
+		e, a := startFault(t, 10, "", backlog, proj)
+		b := e.start(t)
+		waitMetric(t, a, "pgscribe_active", "pz", 1, waitLong)
+		w := startWriter(e.dsn, 8, 4, 5*time.Millisecond)
+		defer func() {
+			select {
+			case <-w.stopc:
+			default:
+				w.stop(t)
+			}
+		}()
+		base := e.accounted(t, "pz")
+		waitFor(t, waitLong, "the writer's events applied", func() bool { return e.accounted(t, "pz") > base+200 })
 
-	asked := time.Now()
-	out := e.operate(t, 0, "pause", "-projection", "pz", "-version", "1", "-reason", "maintenance")
-	if !strings.Contains(out, "paused pz v1") {
-		t.Errorf("pause said %q", out)
-	}
-	waitMetric(t, a, "pgscribe_paused", "pz", 1, 10*time.Second)
-	t.Logf("paused %.2fs after the command", time.Since(asked).Seconds())
-	if v := a.metric("pgscribe_halted", projLabels("pz")); v != 0 {
-		t.Errorf("pgscribe_halted = %v while paused, want 0", v)
-	}
-	if code, _ := a.get("/healthz"); code != http.StatusOK {
-		t.Errorf("/healthz = %d while paused, want 200", code)
-	}
-	if code, _ := a.get("/readyz"); code != http.StatusServiceUnavailable {
-		t.Errorf("/readyz = %d while paused, want 503", code)
-	}
-	held := e.accounted(t, "pz")
-	e.holdsStill(t, "pz", held, 1500*time.Millisecond, w)
-	st := e.opStatus(t, "pz")
-	if st.State != "paused" || st.Paused == nil || st.Paused.Reason != "maintenance" || st.WALRetained == nil {
-		t.Errorf("status while paused = %+v, want state paused, reason maintenance, WAL retained shown", st)
-	}
-	if got := scalar[string](t, e.pool, `SELECT state FROM pgscribe.progress WHERE projection = 'pz' AND version = 1`); got != "paused" {
-		t.Errorf("pgscribe.progress state = %q while paused, want paused", got)
-	}
+		asked := time.Now()
+		out := e.operate(t, 0, "pause", "-projection", "pz", "-version", "1", "-reason", "maintenance")
+		if !strings.Contains(out, "paused pz v1") {
+			t.Errorf("pause said %q", out)
+		}
+		waitMetric(t, a, "pgscribe_paused", "pz", 1, 10*time.Second)
+		t.Logf("paused %.2fs after the command", time.Since(asked).Seconds())
+		if v := a.metric("pgscribe_halted", projLabels("pz")); v != 0 {
+			t.Errorf("pgscribe_halted = %v while paused, want 0", v)
+		}
+		if code, _ := a.get("/healthz"); code != http.StatusOK {
+			t.Errorf("/healthz = %d while paused, want 200", code)
+		}
+		if code, _ := a.get("/readyz"); code != http.StatusServiceUnavailable {
+			t.Errorf("/readyz = %d while paused, want 503", code)
+		}
+		held := e.accounted(t, "pz")
+		e.holdsStill(t, "pz", held, 1500*time.Millisecond, w)
+		st := e.opStatus(t, "pz")
+		if st.State != "paused" || st.Paused == nil || st.Paused.Reason != "maintenance" || st.WALRetained == nil {
+			t.Errorf("status while paused = %+v, want state paused, reason maintenance, WAL retained shown", st)
+		}
+		if got := scalar[string](t, e.pool, `SELECT state FROM pgscribe.progress WHERE projection = 'pz' AND version = 1`); got != "paused" {
+			t.Errorf("pgscribe.progress state = %q while paused, want paused", got)
+		}
 
-	// kill -9 the paused active node: the standby takes the lock, and stays
-	// paused.
-	a.kill()
-	waitMetric(t, b, "pgscribe_paused", "pz", 1, waitLong)
-	if v := b.metric("pgscribe_active", projLabels("pz")); v != 1 {
-		t.Errorf("standby pgscribe_active = %v after the takeover, want 1", v)
-	}
-	e.holdsStill(t, "pz", held, 1500*time.Millisecond, w)
-	if st := e.opStatus(t, "pz"); st.State != "paused" {
-		t.Errorf("status after the takeover: state %s, want paused", st.State)
-	}
+		// kill -9 the paused active node: the standby takes the lock, and stays
+		// paused.
+		a.kill()
+		waitMetric(t, b, "pgscribe_paused", "pz", 1, waitLong)
+		if v := b.metric("pgscribe_active", projLabels("pz")); v != 1 {
+			t.Errorf("standby pgscribe_active = %v after the takeover, want 1", v)
+		}
+		e.holdsStill(t, "pz", held, 1500*time.Millisecond, w)
+		if st := e.opStatus(t, "pz"); st.State != "paused" {
+			t.Errorf("status after the takeover: state %s, want paused", st.State)
+		}
 
-	w.stop(t)
-	out = e.operate(t, 0, "resume", "-projection", "pz", "-version", "1")
-	if !strings.Contains(out, "resumed pz v1") {
-		t.Errorf("resume said %q", out)
-	}
-	waitAccounted(t, e.pool, waitLong, "pz", 1, b.broken)
-	waitMetric(t, b, "pgscribe_paused", "pz", 0, 10*time.Second)
-	if got := scalar[string](t, e.pool, `SELECT state FROM pgscribe.progress WHERE projection = 'pz' AND version = 1`); got != "live" {
-		t.Errorf("pgscribe.progress state = %q after the resume, want live", got)
-	}
-	proj.check(t, e)
-	e.checkAccounting(t, "pz")
-	e.checkNoDeadLetters(t, "pz")
+		w.stop(t)
+		out = e.operate(t, 0, "resume", "-projection", "pz", "-version", "1")
+		if !strings.Contains(out, "resumed pz v1") {
+			t.Errorf("resume said %q", out)
+		}
+		waitAccounted(t, e.pool, waitLong, "pz", 1, b.broken)
+		waitMetric(t, b, "pgscribe_paused", "pz", 0, 10*time.Second)
+		if got := scalar[string](t, e.pool, `SELECT state FROM pgscribe.progress WHERE projection = 'pz' AND version = 1`); got != "live" {
+			t.Errorf("pgscribe.progress state = %q after the resume, want live", got)
+		}
+		proj.check(t, e)
+		e.checkAccounting(t, "pz")
+		e.checkNoDeadLetters(t, "pz")
+	})
 }
 
 // TestOperatorPauseBackfill: a pause during a backfill holds the workers
 // (the snapshot stays open) and the resume finishes it exactly.
 func TestOperatorPauseBackfill(t *testing.T) {
 	t.Parallel()
-	proj := faultProjection{name: "pb", types: []string{"Tick"}}
-	e := newFaultEnv(t, 10, proj)
-	for round := range 6 {
-		evs := make([]faultEvent, 0, 2000)
-		for i := range 2000 {
-			evs = append(evs, ev("s-"+string(rune('a'+i%20)), "Tick", int64(round*2000+i)))
+	inEveryFeed(t, true, func(t *testing.T) {
+		proj := faultProjection{name: "pb", types: []string{"Tick"}}
+		e := newFaultEnv(t, 10, proj)
+		for round := range 6 {
+			evs := make([]faultEvent, 0, 2000)
+			for i := range 2000 {
+				evs = append(evs, ev("s-"+string(rune('a'+i%20)), "Tick", int64(round*2000+i)))
+			}
+			e.appendEvents(t, evs...)
 		}
-		e.appendEvents(t, evs...)
-	}
-	// Paused before it starts: the node takes the lock and waits.
-	e.operate(t, 0, "pause", "-projection", "pb", "-version", "1")
-	p := e.start(t)
-	waitMetric(t, p, "pgscribe_paused", "pb", 1, waitLong)
-	if n := e.accounted(t, "pb"); n != 0 {
-		t.Fatalf("paused from the start, yet %d events accounted for", n)
-	}
-	e.operate(t, 0, "resume", "-projection", "pb", "-version", "1")
-	waitFor(t, waitLong, "the backfill under way", func() bool { return e.accounted(t, "pb") > 2000 })
-	e.operate(t, 0, "pause", "-projection", "pb", "-version", "1")
-	waitMetric(t, p, "pgscribe_paused", "pb", 1, 10*time.Second)
-	held := e.accounted(t, "pb")
-	if held == e.events(t) {
-		t.Skip("the backfill finished before the pause: nothing to test on this machine")
-	}
-	e.holdsStill(t, "pb", held, 1500*time.Millisecond, nil)
-	if st := e.opStatus(t, "pb"); st.State != "paused" {
-		t.Errorf("status: state %s during a paused backfill, want paused", st.State)
-	}
-	e.operate(t, 0, "resume", "-projection", "pb", "-version", "1")
-	waitAccounted(t, e.pool, waitLong, "pb", 1, p.broken)
-	if p.findLog(logMsg("backfill started", "pb")) == nil || p.countLog(logMsg("backfill started", "pb")) != 1 {
-		t.Errorf("the backfill started %d times, want once (a pause keeps its snapshot)", p.countLog(logMsg("backfill started", "pb")))
-	}
-	proj.check(t, e)
-	e.checkAccounting(t, "pb")
+		// Paused before it starts: the node takes the lock and waits.
+		e.operate(t, 0, "pause", "-projection", "pb", "-version", "1")
+		p := e.start(t)
+		waitMetric(t, p, "pgscribe_paused", "pb", 1, waitLong)
+		if n := e.accounted(t, "pb"); n != 0 {
+			t.Fatalf("paused from the start, yet %d events accounted for", n)
+		}
+		e.operate(t, 0, "resume", "-projection", "pb", "-version", "1")
+		waitFor(t, waitLong, "the backfill under way", func() bool { return e.accounted(t, "pb") > 2000 })
+		e.operate(t, 0, "pause", "-projection", "pb", "-version", "1")
+		waitMetric(t, p, "pgscribe_paused", "pb", 1, 10*time.Second)
+		held := e.accounted(t, "pb")
+		if held == e.events(t) {
+			t.Skip("the backfill finished before the pause: nothing to test on this machine")
+		}
+		e.holdsStill(t, "pb", held, 1500*time.Millisecond, nil)
+		if st := e.opStatus(t, "pb"); st.State != "paused" {
+			t.Errorf("status: state %s during a paused backfill, want paused", st.State)
+		}
+		e.operate(t, 0, "resume", "-projection", "pb", "-version", "1")
+		waitAccounted(t, e.pool, waitLong, "pb", 1, p.broken)
+		if p.findLog(logMsg("backfill started", "pb")) == nil || p.countLog(logMsg("backfill started", "pb")) != 1 {
+			t.Errorf("the backfill started %d times, want once (a pause keeps its snapshot)", p.countLog(logMsg("backfill started", "pb")))
+		}
+		proj.check(t, e)
+		e.checkAccounting(t, "pb")
+	})
 }
 
 // TestOperatorResumeAfterHalt: a renamed read-model column halts the
@@ -229,29 +233,31 @@ func TestOperatorPauseBackfill(t *testing.T) {
 // same process retry at once, and the read model ends exact.
 func TestOperatorResumeAfterHalt(t *testing.T) {
 	t.Parallel()
-	proj := faultProjection{name: "hz", types: []string{"Tick"}}
-	e, p := startFault(t, 10, "", []faultEvent{ev("a", "Tick", 1), ev("b", "Tick", 2)}, proj)
-	e.exec(t, `ALTER TABLE hz_rows RENAME COLUMN v TO v_gone`)
-	e.appendEvents(t, ev("a", "Tick", 3), ev("c", "Tick", 4))
-	p.waitHalted("hz", "42703")
-	if st := e.opStatus(t, "hz"); st.State != "halted" {
-		t.Fatalf("status: state %s, want halted", st.State)
-	}
-	e.appendEvents(t, ev("c", "Tick", 5))
-	e.exec(t, `ALTER TABLE hz_rows RENAME COLUMN v_gone TO v`)
-	out := e.operate(t, 0, "resume", "-projection", "hz", "-version", "1")
-	if !strings.Contains(out, "retries the halted work") {
-		t.Errorf("resume said %q", out)
-	}
-	waitAccounted(t, e.pool, waitLong, "hz", 1, p.broken)
-	if p.exited() {
-		t.Fatalf("pgscribe exited: %v", p.err())
-	}
-	p.waitLog(10*time.Second, "the resume", logMsg("resume requested by an operator", "hz"))
-	waitMetric(t, p, "pgscribe_halted", "hz", 0, 10*time.Second)
-	proj.check(t, e)
-	e.checkAccounting(t, "hz")
-	e.checkNoDeadLetters(t, "hz")
+	inEveryFeed(t, true, func(t *testing.T) {
+		proj := faultProjection{name: "hz", types: []string{"Tick"}}
+		e, p := startFault(t, 10, "", []faultEvent{ev("a", "Tick", 1), ev("b", "Tick", 2)}, proj)
+		e.exec(t, `ALTER TABLE hz_rows RENAME COLUMN v TO v_gone`)
+		e.appendEvents(t, ev("a", "Tick", 3), ev("c", "Tick", 4))
+		p.waitHalted("hz", "42703")
+		if st := e.opStatus(t, "hz"); st.State != "halted" {
+			t.Fatalf("status: state %s, want halted", st.State)
+		}
+		e.appendEvents(t, ev("c", "Tick", 5))
+		e.exec(t, `ALTER TABLE hz_rows RENAME COLUMN v_gone TO v`)
+		out := e.operate(t, 0, "resume", "-projection", "hz", "-version", "1")
+		if !strings.Contains(out, "retries the halted work") {
+			t.Errorf("resume said %q", out)
+		}
+		waitAccounted(t, e.pool, waitLong, "hz", 1, p.broken)
+		if p.exited() {
+			t.Fatalf("pgscribe exited: %v", p.err())
+		}
+		p.waitLog(10*time.Second, "the resume", logMsg("resume requested by an operator", "hz"))
+		waitMetric(t, p, "pgscribe_halted", "hz", 0, 10*time.Second)
+		proj.check(t, e)
+		e.checkAccounting(t, "hz")
+		e.checkNoDeadLetters(t, "hz")
+	})
 }
 
 // TestOperatorRetryAfterWidening: names too long for a varchar(5) column

@@ -105,7 +105,17 @@ type sourceStatus struct {
 // operator looks: the log, pgscribe_halted, pgscribe_halts_total,
 // /readyz and /healthz, and — for a halt that holds the lock — `pgscribe
 // status` (text and -json, run as adminDSN).
+//
+// In mode feedMember the projection's peer must show the same halt: a
+// fault of the group's source halts every member.
 func waitSourceHalt(t *testing.T, e *faultEnv, p *node, projection, stage, code, adminDSN string) {
+	t.Helper()
+	for _, pr := range e.withPeers([]faultProjection{{name: projection}}) {
+		waitSourceHaltOf(t, e, p, pr.name, stage, code, adminDSN)
+	}
+}
+
+func waitSourceHaltOf(t *testing.T, e *faultEnv, p *node, projection, stage, code, adminDSN string) {
 	t.Helper()
 	rec := p.waitLog(haltVisible, "the halt of "+projection, func(r map[string]any) bool {
 		return logMsg("projection halted", projection)(r) && logString(r, "stage") == stage
@@ -186,23 +196,25 @@ func resumedExact(t *testing.T, e *faultEnv, p *node, proj faultProjection, msgP
 
 func TestSourceFaultPublicationDropped(t *testing.T) {
 	t.Parallel()
-	proj := faultProjection{name: "pubdrop", types: []string{"Tick"}}
-	e, p := startFault(t, 5, "", rounds("p", 4, 10, "Tick", nil), proj)
-	admin := e.dsn
-	pub := scalar[string](t, e.pool, `SELECT pubname FROM pg_publication`)
-	e.exec(t, "DROP PUBLICATION "+pgx.Identifier{pub}.Sanitize())
-	e.appendEvents(t, rounds("p", 4, 5, "Tick", nil)...) // the stream fails on these
-	waitSourceHalt(t, e, p, proj.name, "source", "42704", admin)
-	e.appendEvents(t, rounds("p", 4, 5, "Tick", nil)...) // while halted
+	inEveryFeed(t, true, func(t *testing.T) {
+		proj := faultProjection{name: "pubdrop", types: []string{"Tick"}}
+		e, p := startFault(t, 5, "", rounds("p", 4, 10, "Tick", nil), proj)
+		admin := e.dsn
+		pub := scalar[string](t, e.pool, `SELECT pubname FROM pg_publication`)
+		e.exec(t, "DROP PUBLICATION "+pgx.Identifier{pub}.Sanitize())
+		e.appendEvents(t, rounds("p", 4, 5, "Tick", nil)...) // the stream fails on these
+		waitSourceHalt(t, e, p, proj.name, "source", "42704", admin)
+		e.appendEvents(t, rounds("p", 4, 5, "Tick", nil)...) // while halted
 
-	migrateAs(t, e, admin) // the documented fix: recreate the publication
-	// The slot's changes from before the new publication cannot be
-	// decoded: resynced as a lost slot, once.
-	p.waitLog(waitLong, "the resync", logMsg("resyncing from a new snapshot", proj.name))
-	resumedExact(t, e, p, proj, "source fault cleared", "p")
-	if n := p.countLog(logMsg("resyncing from a new snapshot", proj.name)); n != 1 {
-		t.Errorf("resynced %d times, want once", n)
-	}
+		migrateAs(t, e, admin) // the documented fix: recreate the publication
+		// The slot's changes from before the new publication cannot be
+		// decoded: resynced as a lost slot, once.
+		p.waitLog(waitLong, "the resync", logMsg("resyncing from a new snapshot", proj.name))
+		resumedExact(t, e, p, proj, "source fault cleared", "p")
+		if n := p.countLog(logMsg("resyncing from a new snapshot", proj.name)); n != 1 {
+			t.Errorf("resynced %d times, want once", n)
+		}
+	})
 }
 
 // TestSourceFaultPublicationRecreatedWhileStopped: the publication dropped
@@ -212,142 +224,154 @@ func TestSourceFaultPublicationDropped(t *testing.T) {
 // engine resyncs once at start instead of looping.
 func TestSourceFaultPublicationRecreatedWhileStopped(t *testing.T) {
 	t.Parallel()
-	proj := faultProjection{name: "pubgone", types: []string{"Tick"}}
-	e, p := startFault(t, 5, "", rounds("g", 4, 10, "Tick", nil), proj)
-	admin := e.dsn
-	p.stop()
-	e.exec(t, "DROP PUBLICATION "+pgx.Identifier{scalar[string](t, e.pool, `SELECT pubname FROM pg_publication`)}.Sanitize())
-	e.appendEvents(t, rounds("g", 4, 5, "Tick", nil)...)
-	migrateAs(t, e, admin)
-	e.appendEvents(t, rounds("g", 4, 5, "Tick", nil)...)
+	inEveryFeed(t, true, func(t *testing.T) {
+		proj := faultProjection{name: "pubgone", types: []string{"Tick"}}
+		e, p := startFault(t, 5, "", rounds("g", 4, 10, "Tick", nil), proj)
+		admin := e.dsn
+		p.stop()
+		e.exec(t, "DROP PUBLICATION "+pgx.Identifier{scalar[string](t, e.pool, `SELECT pubname FROM pg_publication`)}.Sanitize())
+		e.appendEvents(t, rounds("g", 4, 5, "Tick", nil)...)
+		migrateAs(t, e, admin)
+		e.appendEvents(t, rounds("g", 4, 5, "Tick", nil)...)
 
-	p = e.start(t)
-	p.waitLog(waitLong, "the resync", logMsg("resyncing from a new snapshot", proj.name))
-	e.appendEvents(t, rounds("g", 4, 5, "Tick", nil)...)
-	e.verifyClean(t, p, proj)
-	if n := p.countLog(logMsg("projection halted", proj.name)); n != 0 {
-		t.Errorf("halted %d times; the source passes every check, the slot is resynced", n)
-	}
-	p.stop()
+		p = e.start(t)
+		p.waitLog(waitLong, "the resync", logMsg("resyncing from a new snapshot", proj.name))
+		e.appendEvents(t, rounds("g", 4, 5, "Tick", nil)...)
+		e.verifyClean(t, p, proj)
+		if n := p.countLog(logMsg("projection halted", proj.name)); n != 0 {
+			t.Errorf("halted %d times; the source passes every check, the slot is resynced", n)
+		}
+		p.stop()
+	})
 }
 
 func TestSourceFaultSelectRevokedDuringBackfill(t *testing.T) {
 	t.Parallel()
-	proj := faultProjection{name: "revoke", types: []string{"Tick"}}
-	e := newFaultEnv(t, 5, proj)
-	admin := e.dsn
-	role, _ := engineRole(t, e)
-	e.appendEvents(t, rounds("r", 20, 300, "Tick", nil)...) // 6,000: many snapshot pages
+	inEveryFeed(t, true, func(t *testing.T) {
+		proj := faultProjection{name: "revoke", types: []string{"Tick"}}
+		e := newFaultEnv(t, 5, proj)
+		admin := e.dsn
+		role, _ := engineRole(t, e)
+		e.appendEvents(t, rounds("r", 20, 300, "Tick", nil)...) // 6,000: many snapshot pages
 
-	// Hold the read model so that the backfill cannot get far: its reader
-	// blocks on full partition queues after a page or two. SHARE mode
-	// blocks the batches' inserts; unlike ACCESS EXCLUSIVE it takes no
-	// transaction id, which the slot's creation would wait for.
-	ctx := context.Background()
-	hold, err := e.pool.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer hold.Rollback(ctx)
-	if _, err := hold.Exec(ctx, "LOCK TABLE "+proj.name+"_rows IN SHARE MODE"); err != nil {
-		t.Fatal(err)
-	}
-	p := e.start(t)
-	p.waitLog(waitLong, "the backfill", logMsg("backfill started", proj.name))
-	// A transaction that already read a table keeps its privileges (the
-	// server checks them against its cached catalog): the revoke takes
-	// effect on the backfill's next connection. End the engine's
-	// connections, as a failover or a network cut would.
-	e.exec(t, "REVOKE SELECT ON events FROM "+role)
-	if _, err := e.terminateBackends(ctx, "usename = '"+role+"'"); err != nil {
-		t.Fatal(err)
-	}
-	if err := hold.Commit(ctx); err != nil {
-		t.Fatal(err)
-	}
-	waitSourceHalt(t, e, p, proj.name, "source", "42501", admin)
-	e.appendEvents(t, rounds("r", 20, 2, "Tick", nil)...) // while halted
+		// Hold the read model so that the backfill cannot get far: its reader
+		// blocks on full partition queues after a page or two. SHARE mode
+		// blocks the batches' inserts; unlike ACCESS EXCLUSIVE it takes no
+		// transaction id, which the slot's creation would wait for.
+		ctx := context.Background()
+		hold, err := e.pool.Begin(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer hold.Rollback(ctx)
+		if _, err := hold.Exec(ctx, "LOCK TABLE "+proj.name+"_rows IN SHARE MODE"); err != nil {
+			t.Fatal(err)
+		}
+		p := e.start(t)
+		p.waitLog(waitLong, "the backfill", logMsg("backfill started", proj.name))
+		// A transaction that already read a table keeps its privileges (the
+		// server checks them against its cached catalog): the revoke takes
+		// effect on the backfill's next connection. End the engine's
+		// connections, as a failover or a network cut would.
+		e.exec(t, "REVOKE SELECT ON events FROM "+role)
+		if _, err := e.terminateBackends(ctx, "usename = '"+role+"'"); err != nil {
+			t.Fatal(err)
+		}
+		if err := hold.Commit(ctx); err != nil {
+			t.Fatal(err)
+		}
+		waitSourceHalt(t, e, p, proj.name, "source", "42501", admin)
+		e.appendEvents(t, rounds("r", 20, 2, "Tick", nil)...) // while halted
 
-	e.exec(t, "GRANT SELECT ON events TO "+role)
-	resumedExact(t, e, p, proj, "source fault cleared", "r")
+		e.exec(t, "GRANT SELECT ON events TO "+role)
+		resumedExact(t, e, p, proj, "source fault cleared", "r")
+	})
 }
 
 func TestSourceFaultReplicationRemoved(t *testing.T) {
 	t.Parallel()
-	proj := faultProjection{name: "norepl", types: []string{"Tick"}}
-	e, p, admin, role, _ := startAsRole(t, proj, "n")
+	inEveryFeed(t, true, func(t *testing.T) {
+		proj := faultProjection{name: "norepl", types: []string{"Tick"}}
+		e, p, admin, role, _ := startAsRole(t, proj, "n")
 
-	// Taking REPLICATION away ends nothing running: the walsender's next
-	// connection is refused.
-	e.exec(t, "ALTER ROLE "+role+" NOREPLICATION")
-	if _, err := e.terminateBackends(context.Background(), "backend_type = 'walsender'"); err != nil {
-		t.Fatal(err)
-	}
-	e.appendEvents(t, rounds("n", 4, 5, "Tick", nil)...)
-	waitSourceHalt(t, e, p, proj.name, "source", "42501", admin)
+		// Taking REPLICATION away ends nothing running: the walsender's next
+		// connection is refused.
+		e.exec(t, "ALTER ROLE "+role+" NOREPLICATION")
+		if _, err := e.terminateBackends(context.Background(), "backend_type = 'walsender'"); err != nil {
+			t.Fatal(err)
+		}
+		e.appendEvents(t, rounds("n", 4, 5, "Tick", nil)...)
+		waitSourceHalt(t, e, p, proj.name, "source", "42501", admin)
 
-	e.exec(t, "ALTER ROLE "+role+" REPLICATION")
-	resumedExact(t, e, p, proj, "source fault cleared", "n")
+		e.exec(t, "ALTER ROLE "+role+" REPLICATION")
+		resumedExact(t, e, p, proj, "source fault cleared", "n")
+	})
 }
 
 func TestSourceFaultColumnRenamed(t *testing.T) {
 	t.Parallel()
-	proj := faultProjection{name: "renamed", types: []string{"Tick"}}
-	e, p := startFault(t, 5, "", rounds("c", 4, 10, "Tick", nil), proj)
-	admin := e.dsn
-	// occurred_at is mapped and has a default, so events can still be
-	// appended while it has another name.
-	e.exec(t, "ALTER TABLE events RENAME COLUMN occurred_at TO happened_at")
-	e.appendEvents(t, rounds("c", 4, 5, "Tick", nil)...)
-	waitSourceHalt(t, e, p, proj.name, "source", "42703", admin)
+	inEveryFeed(t, true, func(t *testing.T) {
+		proj := faultProjection{name: "renamed", types: []string{"Tick"}}
+		e, p := startFault(t, 5, "", rounds("c", 4, 10, "Tick", nil), proj)
+		admin := e.dsn
+		// occurred_at is mapped and has a default, so events can still be
+		// appended while it has another name.
+		e.exec(t, "ALTER TABLE events RENAME COLUMN occurred_at TO happened_at")
+		e.appendEvents(t, rounds("c", 4, 5, "Tick", nil)...)
+		waitSourceHalt(t, e, p, proj.name, "source", "42703", admin)
 
-	e.exec(t, "ALTER TABLE events RENAME COLUMN happened_at TO occurred_at")
-	// The changes written under the other name stay in the slot with it:
-	// resynced.
-	p.waitLog(waitLong, "the resync", logMsg("resyncing from a new snapshot", proj.name))
-	resumedExact(t, e, p, proj, "source fault cleared", "c")
+		e.exec(t, "ALTER TABLE events RENAME COLUMN happened_at TO occurred_at")
+		// The changes written under the other name stay in the slot with it:
+		// resynced.
+		p.waitLog(waitLong, "the resync", logMsg("resyncing from a new snapshot", proj.name))
+		resumedExact(t, e, p, proj, "source fault cleared", "c")
+	})
 }
 
 func TestSourceFaultUnreadableType(t *testing.T) {
 	t.Parallel()
-	proj := faultProjection{name: "interval", types: []string{"Tick"}}
-	e := newFaultEnv(t, 5, proj)
-	admin := e.dsn
-	// An occurred_at that is no point in time: nothing can read it.
-	e.exec(t, `ALTER TABLE events ALTER COLUMN occurred_at DROP DEFAULT,
-  ALTER COLUMN occurred_at TYPE interval USING interval '1 hour',
-  ALTER COLUMN occurred_at SET DEFAULT interval '1 hour'`)
-	e.appendEvents(t, rounds("i", 4, 10, "Tick", nil)...)
-	p := e.start(t)
-	waitSourceHalt(t, e, p, proj.name, "source", "", admin)
-	e.appendEvents(t, rounds("i", 4, 5, "Tick", nil)...) // while halted
-	if n := e.accounted(t, proj.name); n != 0 {
-		t.Errorf("%d events accounted for while nothing could be read", n)
-	}
+	inEveryFeed(t, true, func(t *testing.T) {
+		proj := faultProjection{name: "interval", types: []string{"Tick"}}
+		e := newFaultEnv(t, 5, proj)
+		admin := e.dsn
+		// An occurred_at that is no point in time: nothing can read it.
+		e.exec(t, `ALTER TABLE events ALTER COLUMN occurred_at DROP DEFAULT,
+	  ALTER COLUMN occurred_at TYPE interval USING interval '1 hour',
+	  ALTER COLUMN occurred_at SET DEFAULT interval '1 hour'`)
+		e.appendEvents(t, rounds("i", 4, 10, "Tick", nil)...)
+		p := e.start(t)
+		waitSourceHalt(t, e, p, proj.name, "source", "", admin)
+		e.appendEvents(t, rounds("i", 4, 5, "Tick", nil)...) // while halted
+		if n := e.accounted(t, proj.name); n != 0 {
+			t.Errorf("%d events accounted for while nothing could be read", n)
+		}
 
-	e.exec(t, `ALTER TABLE events ALTER COLUMN occurred_at DROP DEFAULT,
-  ALTER COLUMN occurred_at TYPE timestamptz USING timestamptz '2026-01-01 00:00:00+00' + occurred_at,
-  ALTER COLUMN occurred_at SET DEFAULT now()`)
-	resumedExact(t, e, p, proj, "source changed since the halt", "i")
+		e.exec(t, `ALTER TABLE events ALTER COLUMN occurred_at DROP DEFAULT,
+	  ALTER COLUMN occurred_at TYPE timestamptz USING timestamptz '2026-01-01 00:00:00+00' + occurred_at,
+	  ALTER COLUMN occurred_at SET DEFAULT now()`)
+		resumedExact(t, e, p, proj, "source changed since the halt", "i")
+	})
 }
 
 func TestSourceFaultWrongPassword(t *testing.T) {
 	t.Parallel()
-	proj := faultProjection{name: "password", types: []string{"Tick"}}
-	e, p, _, role, password := startAsRole(t, proj, "w")
-	wrong := strings.Replace(e.dsn, ":"+password+"@", ":wrong"+password+"@", 1)
-	if conn, err := pgx.Connect(context.Background(), wrong); err == nil {
-		conn.Close(context.Background())
-		t.Skip("the server does not check passwords (trust authentication)")
-	}
-	p.stop()
+	inEveryFeed(t, true, func(t *testing.T) {
+		proj := faultProjection{name: "password", types: []string{"Tick"}}
+		e, p, _, role, password := startAsRole(t, proj, "w")
+		wrong := strings.Replace(e.dsn, ":"+password+"@", ":wrong"+password+"@", 1)
+		if conn, err := pgx.Connect(context.Background(), wrong); err == nil {
+			conn.Close(context.Background())
+			t.Skip("the server does not check passwords (trust authentication)")
+		}
+		p.stop()
 
-	// The role's password changes while pgscribe is down.
-	e.exec(t, fmt.Sprintf("ALTER ROLE %s PASSWORD 'changed%s'", role, password))
-	e.appendEvents(t, rounds("w", 4, 5, "Tick", nil)...)
-	p = e.start(t)
-	waitSourceHalt(t, e, p, proj.name, "lock", "28P01", "")
+		// The role's password changes while pgscribe is down.
+		e.exec(t, fmt.Sprintf("ALTER ROLE %s PASSWORD 'changed%s'", role, password))
+		e.appendEvents(t, rounds("w", 4, 5, "Tick", nil)...)
+		p = e.start(t)
+		waitSourceHalt(t, e, p, proj.name, "lock", "28P01", "")
 
-	e.exec(t, fmt.Sprintf("ALTER ROLE %s PASSWORD '%s'", role, password))
-	resumedExact(t, e, p, proj, "lock fault cleared", "w")
+		e.exec(t, fmt.Sprintf("ALTER ROLE %s PASSWORD '%s'", role, password))
+		resumedExact(t, e, p, proj, "lock fault cleared", "w")
+	})
 }

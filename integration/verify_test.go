@@ -80,7 +80,7 @@ func TestCLIRuleTestDatabase(t *testing.T) {
 	}
 
 	// A 1,000-event fixture, every event checked, timed (logged, not
-	// asserted: README quotes the figure).
+	// asserted: docs/testing.md quotes the figure).
 	big := e.dir + "/big.toml"
 	if err := os.WriteFile(big, []byte(bigFixture(100, 9)), 0o600); err != nil {
 		t.Fatal(err)

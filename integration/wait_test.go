@@ -367,7 +367,7 @@ func TestWaitReadOnlyRoleGrants(t *testing.T) {
 		_, _ = e.pool.Exec(ctx, "DROP OWNED BY "+ident)
 		_, _ = e.pool.Exec(ctx, "DROP ROLE "+ident)
 	})
-	// The grants README.md documents, and nothing more.
+	// The grants docs/read-your-writes.md documents, and nothing more.
 	for _, g := range []string{
 		"GRANT USAGE ON SCHEMA pgscribe TO " + ident,
 		"GRANT SELECT ON pgscribe.cursors, pgscribe.watermarks, pgscribe.progress TO " + ident,

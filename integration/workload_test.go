@@ -256,7 +256,15 @@ func (r *rig) writeConfig() {
 		"max_attempts": "5", "backoff": `"100ms"`, "max_backoff": `"2s"`,
 	}).set("metrics", "listen", `"off"`).set("log", "format", `"text"`).set("log", "level", `"info"`)
 	for _, p := range r.projs {
-		c.add(p.toml())
+		toml := p.toml()
+		if feedOf(r.t) == feedAlone {
+			// Each projection alone in a group of its own, on its own
+			// slot (the rig's projections share the default group
+			// otherwise: mode feedMember).
+			head := fmt.Sprintf("\nversion = %d\n", p.version)
+			toml = strings.Replace(toml, head, head+fmt.Sprintf("group = %q\n", p.name), 1)
+		}
+		c.add(toml)
 	}
 	r.config = c.write(r.t, filepath.Join(r.dir, "pgscribe.toml"))
 }

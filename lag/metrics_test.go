@@ -11,8 +11,9 @@ import (
 	dto "github.com/prometheus/client_model/go"
 )
 
-// TestMetricsContract checks every name and label set that DESIGN.md §9
-// promises, and that a projection's series exist before its first batch.
+// TestMetricsContract checks every name and label set that the metrics
+// table of docs/runbook.md lists, and that a projection's series exist
+// before its first batch.
 func TestMetricsContract(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	m := NewMetrics(reg, "1.2.3")

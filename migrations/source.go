@@ -25,8 +25,8 @@ func tableIdent(name string) (pgx.Identifier, error) {
 	return pgx.Identifier(parts), nil
 }
 
-// CreateEventsTable creates the reference events table of the product
-// contract (DESIGN §3) on the source database if it does not exist, and its
+// CreateEventsTable creates the reference events table (README.md, "The
+// events table") on the source database if it does not exist, and its
 // schema when the name is qualified. An existing table is left as it is,
 // whatever its shape. Safe to run concurrently (advisory lock).
 func CreateEventsTable(ctx context.Context, q Querier, table string) error {

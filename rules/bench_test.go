@@ -6,7 +6,7 @@ import (
 	"github.com/pgscribe/pgscribe/event"
 )
 
-// benchEvents is one event of each type the DESIGN.md §4 rules handle.
+// benchEvents is one event of each type the balances rules handle.
 func benchEvents() []*event.Event {
 	return []*event.Event{
 		ev("AccountOpened", map[string]any{"account_id": "a1", "owner": "ann", "initial": int64(100)}),
@@ -15,7 +15,7 @@ func benchEvents() []*event.Event {
 	}
 }
 
-// BenchmarkEval evaluates the DESIGN.md §4 rules over a mix of the three
+// BenchmarkEval evaluates the balances rules over a mix of the three
 // event types (open, deposit, withdrawal).
 func BenchmarkEval(b *testing.B) {
 	p := mustCompile(b, balances())

@@ -11,7 +11,8 @@ import (
 	"github.com/pgscribe/pgscribe/event"
 )
 
-// balances is the DESIGN.md §4 example projection.
+// balances is an example projection, close to config.toml.example's
+// balances (its fail rule checks withdrawals only).
 func balances() Spec {
 	return Spec{
 		Name:    "balances",

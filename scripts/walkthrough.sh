@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The first hour of a new user, as a script: the CLI messages README.md
-# shows and `make demo` stopped the way a user stops it, each checked.
+# The first hour of a new user, as a script: the first CLI messages (README.md,
+# docs/cli.md) and `make demo` stopped the way a user stops it, each checked.
 # `make walkthrough` runs it, and CI after the tests (.ci/run).
 #
 # It starts from an empty state (no bin/, a temporary directory of its

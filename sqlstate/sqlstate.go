@@ -1,5 +1,6 @@
 // Package sqlstate is pgscribe's one classifier of database errors
-// (DESIGN §5) and the retry helper it drives. Every error that reaches a
+// (transient, integrity, structural: docs/failures.md) and the retry
+// helper it drives. Every error that reaches a
 // batch commit goes through Classify, which decides between retrying the
 // batch, isolating and dead-lettering events, and halting; the engine's
 // own fenced writes and its session restarts retry through the same

@@ -3,8 +3,8 @@
 -- watermark so that SQL can show them.
 --
 -- Every function here is SECURITY INVOKER (the default): it reads the
--- engine tables with the caller's privileges. README.md lists the grants a
--- read-only application role needs.
+-- engine tables with the caller's privileges. docs/read-your-writes.md lists
+-- the grants a read-only application role needs.
 
 ALTER TABLE {{schema}}.watermarks
     ADD COLUMN lag_seconds    double precision,
