@@ -377,13 +377,17 @@ func StatusOn(ctx context.Context, cfg *config.Config, target, source *pgx.Conn)
 	}
 	// A version that joined its group's stream streams from the group's
 	// slot (its watermark is recorded there); any other from its own.
+	// Each version's watermark is read once, here, and used below too.
 	names := make([]string, len(cfg.Projections))
+	wms := make([]cursor.Watermark, len(cfg.Projections))
+	haveWMs := make([]bool, len(cfg.Projections))
 	for i, spec := range cfg.Projections {
 		names[i] = cfg.SlotName(spec)
 		wm, ok, err := cursor.New(schema, spec.Name, spec.Version).LoadWatermark(ctx, c.target)
 		if err != nil {
 			return nil, err
 		}
+		wms[i], haveWMs[i] = wm, ok
 		if g := cfg.GroupSlotName(spec.GroupName()); ok && wm.SlotName == g {
 			names[i] = g
 		}
@@ -425,11 +429,7 @@ func StatusOn(ctx context.Context, cfg *config.Config, target, source *pgx.Conn)
 			ps.LagBytes, ps.WALRetainedBytes = slot.lagBytes, slot.retainedBytes
 		}
 		key := event.VersionKey{Projection: spec.Name, Version: spec.Version}
-		store := cursor.New(schema, spec.Name, spec.Version)
-		wm, haveWM, err := store.LoadWatermark(ctx, c.target)
-		if err != nil {
-			return nil, err
-		}
+		wm, haveWM := wms[i], haveWMs[i]
 		totals := allTotals[key]
 		ls, haveLease, err := leader.Load(ctx, c.target, schema, spec.Name, spec.Version)
 		if err != nil {
