@@ -16,7 +16,7 @@ TEST_TIMEOUT ?= 25m
 # engine (the harness then uses local PostgreSQL binaries).
 PG_IMAGE_FILE := .cache/pg-image
 
-.PHONY: help build test test-unit vet pg-image demo walkthrough bench clean
+.PHONY: help build test test-unit vet pg-image demo walkthrough bench clean console-screenshots bench-console
 
 help: ## list the targets
 	@awk 'BEGIN { FS = ":.*## " } /^[a-zA-Z_-]+:.*## / { printf "  %-12s %s\n", $$1, $$2 }' $(MAKEFILE_LIST)
@@ -41,6 +41,13 @@ test: pg-image ## run all tests with -race, integration tests against real Postg
 	$(GO) build -o $(TESTSUM) ./internal/tools/testsum
 	PGSCRIBE_TEST_PG_IMAGE="$${PGSCRIBE_TEST_PG_IMAGE:-$$(cat $(PG_IMAGE_FILE) 2>/dev/null || true)}" \
 		$(GO) test -json -race -count=1 -timeout $(TEST_TIMEOUT) ./... | $(TESTSUM)
+
+bench-console: build ## the console beside pgscribe status at 50 versions and 100k dead letters (bench/RESULTS.md, "Console")
+	$(GO) run ./bench/consolebench -bin bin/pgscribe
+
+console-screenshots: pg-image ## refresh docs/img/console-*.png with the console's browser test (needs chromium)
+	PGSCRIBE_TEST_PG_IMAGE="$${PGSCRIBE_TEST_PG_IMAGE:-$$(cat $(PG_IMAGE_FILE) 2>/dev/null || true)}" \
+	PGSCRIBE_CONSOLE_SCREENSHOTS=$(CURDIR)/docs/img $(GO) test -count=1 -run TestConsoleBrowser ./integration/
 
 test-unit: ## run the unit tests only (-short, no database)
 	$(GO) test -race -short -count=1 ./...

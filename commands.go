@@ -115,6 +115,7 @@ var commands = []command{
 			return admin.ShowStatus(ctx, cfg, o, c.stdout)
 		}
 	}},
+	{name: "console", usage: consoleUsage, define: defineConsole},
 	{name: "deadletters list", usage: `
   pgscribe deadletters list [-config FILE] [-projection NAME] [-version N]
                             [-stream ID] [-kind KIND] [-after ID] [-limit N] [-json]

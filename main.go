@@ -247,5 +247,6 @@ func runEngine(cfg *config.Config, progs []*rules.Program, log *slog.Logger) err
 	}()
 	log.Info("pgscribe starting", "version", version, "node", cfg.Engine.Node, "database", cfg.Database,
 		"projections", len(cfg.Projections))
-	return engine.RunAll(ctx, cfg, engine.RunOptions{Version: version, Logger: log, Hard: hard, Programs: progs})
+	return engine.RunAll(ctx, cfg, engine.RunOptions{Version: version, Logger: log, Hard: hard, Programs: progs,
+		Console: consoleHandler(ctx, cfg, progs, log)})
 }

@@ -22,12 +22,18 @@ type ControlOptions struct {
 	Projection string
 	Version    int64
 	Reason     string // pause only
+	// By says who paused, shown by status; empty is the CLI on this node.
+	By string
 }
 
 // Pause pauses a projection version and writes what follows to w.
 func Pause(ctx context.Context, cfg *config.Config, o ControlOptions, w io.Writer) error {
 	return withTarget(ctx, cfg, func(conn *pgx.Conn, schema string) error {
-		fresh, err := control.Pause(ctx, conn, schema, o.Projection, o.Version, o.Reason, "pgscribe pause on "+cfg.Engine.Node)
+		by := o.By
+		if by == "" {
+			by = "pgscribe pause on " + cfg.Engine.Node
+		}
+		fresh, err := control.Pause(ctx, conn, schema, o.Projection, o.Version, o.Reason, by)
 		if err != nil {
 			return err
 		}

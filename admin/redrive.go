@@ -48,6 +48,9 @@ type RetryOptions struct {
 	// Programs are cfg's compiled rules, in cfg.Projections order (for
 	// -dry-run).
 	Programs []*rules.Program
+	// By says who asked, recorded with the request; empty is the CLI on
+	// this node.
+	By string
 }
 
 // versionsOf lists the projection versions that have dead letters matching
@@ -86,7 +89,7 @@ func RetryDeadLetters(ctx context.Context, cfg *config.Config, o RetryOptions, w
 				}
 				continue
 			}
-			if err := retryVersion(ctx, conn, cfg, f, o.Skip, v.Count, w); err != nil {
+			if err := retryVersion(ctx, conn, cfg, f, o.Skip, v.Count, o.By, w); err != nil {
 				return err
 			}
 		}
@@ -123,11 +126,14 @@ func usageErrorf(format string, args ...any) error {
 // retryPoll is how often the command looks whether its request ran.
 const retryPoll = 200 * time.Millisecond
 
-func retryVersion(ctx context.Context, conn *pgx.Conn, cfg *config.Config, f deadletter.Filter, skip bool, count int64, w io.Writer) error {
+func retryVersion(ctx context.Context, conn *pgx.Conn, cfg *config.Config, f deadletter.Filter, skip bool, count int64, by string, w io.Writer) error {
 	schema := cfg.Engine.Schema
+	if by == "" {
+		by = "pgscribe deadletters retry on " + cfg.Engine.Node
+	}
 	name := fmt.Sprintf("%s v%d", f.Projection, f.Version)
 	id, err := control.RequestRetry(ctx, conn, schema, control.Retry{Projection: f.Projection, Version: f.Version,
-		IDs: f.IDs, ErrorKind: f.ErrorKind, StreamID: f.StreamID, Skip: skip, RequestedBy: "pgscribe deadletters retry on " + cfg.Engine.Node})
+		IDs: f.IDs, ErrorKind: f.ErrorKind, StreamID: f.StreamID, Skip: skip, RequestedBy: by})
 	if err != nil {
 		return err
 	}

@@ -343,6 +343,15 @@ func Status(ctx context.Context, cfg *config.Config) (*StatusReport, error) {
 		return nil, err
 	}
 	defer c.close(ctx)
+	return StatusOn(ctx, cfg, c.target, c.source)
+}
+
+// StatusOn is Status on connections the caller holds (the console keeps
+// its own between two refreshes): target holds the engine tables, source
+// the events table and the slots; pass target twice when they are the
+// same database. It must not run on one connection from two goroutines.
+func StatusOn(ctx context.Context, cfg *config.Config, target, source *pgx.Conn) (*StatusReport, error) {
+	c := &conns{target: target, source: source}
 	schema := cfg.Engine.Schema
 	if err := requireMigrated(ctx, c.target, schema); err != nil {
 		return nil, err
@@ -368,13 +377,17 @@ func Status(ctx context.Context, cfg *config.Config) (*StatusReport, error) {
 	}
 	// A version that joined its group's stream streams from the group's
 	// slot (its watermark is recorded there); any other from its own.
+	// Each version's watermark is read once, here, and used below too.
 	names := make([]string, len(cfg.Projections))
+	wms := make([]cursor.Watermark, len(cfg.Projections))
+	haveWMs := make([]bool, len(cfg.Projections))
 	for i, spec := range cfg.Projections {
 		names[i] = cfg.SlotName(spec)
 		wm, ok, err := cursor.New(schema, spec.Name, spec.Version).LoadWatermark(ctx, c.target)
 		if err != nil {
 			return nil, err
 		}
+		wms[i], haveWMs[i] = wm, ok
 		if g := cfg.GroupSlotName(spec.GroupName()); ok && wm.SlotName == g {
 			names[i] = g
 		}
@@ -390,6 +403,20 @@ func Status(ctx context.Context, cfg *config.Config) (*StatusReport, error) {
 		return nil, err
 	}
 
+	// One count for every version: a query per version costs 50 visits of
+	// scattered rows where one pass over the index does.
+	deadLetters, err := deadletter.Counts(ctx, c.target, schema)
+	if err != nil {
+		return nil, err
+	}
+	holders, err := leader.AdvisoryHolders(ctx, c.target)
+	if err != nil {
+		return nil, err
+	}
+	allTotals, err := cursor.AllTotals(ctx, c.target, schema)
+	if err != nil {
+		return nil, err
+	}
 	for i, spec := range cfg.Projections {
 		ps := ProjectionStatus{Projection: spec.Name, Version: spec.Version, Slot: SlotStatus{Name: names[i]},
 			Schema: spec.Schema, Serve: spec.Serve, Group: spec.GroupName(), SharedSlot: names[i] == cfg.GroupSlotName(spec.GroupName())}
@@ -401,27 +428,14 @@ func Status(ctx context.Context, cfg *config.Config) (*StatusReport, error) {
 			ps.Slot = slot.SlotStatus
 			ps.LagBytes, ps.WALRetainedBytes = slot.lagBytes, slot.retainedBytes
 		}
-		store := cursor.New(schema, spec.Name, spec.Version)
-		wm, haveWM, err := store.LoadWatermark(ctx, c.target)
-		if err != nil {
-			return nil, err
-		}
-		totals, err := store.Totals(ctx, c.target)
-		if err != nil {
-			return nil, err
-		}
+		key := event.VersionKey{Projection: spec.Name, Version: spec.Version}
+		wm, haveWM := wms[i], haveWMs[i]
+		totals := allTotals[key]
 		ls, haveLease, err := leader.Load(ctx, c.target, schema, spec.Name, spec.Version)
 		if err != nil {
 			return nil, err
 		}
-		pid, err := leader.Holder(ctx, c.target, schema, spec.Name, spec.Version)
-		if err != nil {
-			return nil, err
-		}
-		dl, err := deadletter.GetStats(ctx, c.target, schema, deadletter.Filter{Projection: spec.Name, Version: spec.Version})
-		if err != nil {
-			return nil, err
-		}
+		pid := holders[leader.Key(schema, spec.Name, spec.Version)]
 
 		ctl, pendingRetries, err := loadControls(ctx, c.target, schema, spec.Name, spec.Version)
 		if err != nil {
@@ -458,7 +472,7 @@ func Status(ctx context.Context, cfg *config.Config) (*StatusReport, error) {
 			}
 			ps.Watermark = w
 		}
-		ps.DeadLetters = dl.Total
+		ps.DeadLetters = deadLetters[key]
 		ps.ParkedEvents, ps.ParkedStreams = totals.Parked, totals.ParkedStreams
 		ps.BacklogEvents = max(rep.Events-totals.Accounted(), 0)
 		ps.AdoptedEvents = totals.Adopted
@@ -784,3 +798,9 @@ func progressBar(percent float64, width int) string {
 	filled = min(max(filled, 0), width)
 	return "[" + strings.Repeat("#", filled) + strings.Repeat("-", width-filled) + "]"
 }
+
+// FormatBytes renders a byte count as status does: 512 B, 1.5 MiB.
+func FormatBytes(b int64) string { return formatBytes(b) }
+
+// FormatSeconds renders a duration in seconds as status does: 1.5s, 2m3s.
+func FormatSeconds(s float64) string { return formatSeconds(s) }

@@ -21,6 +21,9 @@ import (
 const (
 	EnvConfig      = "PGSCRIBE_CONFIG"       // config path when -config is not given
 	EnvDatabaseURL = "PGSCRIBE_DATABASE_URL" // overrides [database] url
+	// EnvConsoleToken overrides [metrics] console_token, so that the
+	// secret can stay out of the file (make demo sets it).
+	EnvConsoleToken = "PGSCRIBE_CONSOLE_TOKEN"
 )
 
 // DefaultPath is the config path when neither -config nor PGSCRIBE_CONFIG
@@ -93,9 +96,21 @@ type Retry struct {
 	MaxBackoff  time.Duration // default 30s
 }
 
-// Metrics configures the HTTP listener for /metrics, /healthz and /readyz.
+// Metrics configures the HTTP listener for /metrics, /healthz and /readyz,
+// and the console it also serves (package console).
 type Metrics struct {
 	Listen string // default "127.0.0.1:9187"; "" or "off" disables
+	// Console serves the web console at / on this listener; default true.
+	Console bool
+	// ConsoleToken enables the console's actions (pause, resume, dead
+	// letters, promote, retire) for requests that carry it; empty (the
+	// default) leaves the console read-only. PGSCRIBE_CONSOLE_TOKEN
+	// overrides it.
+	ConsoleToken string
+	// ConsoleAuthHeader names a request header set by a trusted reverse
+	// proxy to the authenticated user (X-Forwarded-User): a request with
+	// it may act, as that user. Empty (the default) trusts no header.
+	ConsoleAuthHeader string
 }
 
 // Log configures the structured logger.
@@ -144,7 +159,7 @@ func Default() *Config {
 			Backoff:     200 * time.Millisecond,
 			MaxBackoff:  30 * time.Second,
 		},
-		Metrics: Metrics{Listen: "127.0.0.1:9187"},
+		Metrics: Metrics{Listen: "127.0.0.1:9187", Console: true},
 		Log:     Log{Level: "info", Format: "text"},
 	}
 }

@@ -44,7 +44,7 @@ func markedLine(t *testing.T, src string) int {
 // clearEnv unsets the variables Load and RequireDatabase read.
 func clearEnv(t *testing.T) {
 	t.Helper()
-	for _, k := range []string{EnvDatabaseURL, EnvConfig, "PGHOST", "PGSERVICE"} {
+	for _, k := range []string{EnvDatabaseURL, EnvConfig, EnvConsoleToken, "PGHOST", "PGSERVICE"} {
 		t.Setenv(k, "")
 	}
 }
@@ -106,6 +106,11 @@ func TestLoadErrors(t *testing.T) {
 		{name: "metrics listen without port", src: "[metrics]\nlisten = \"localhost\" # HERE\n", wantErr: true, wantKey: "metrics.listen"},
 		{name: "metrics listen off", src: "[metrics]\nlisten = \"off\"\n"},
 		{name: "metrics listen any interface", src: "[metrics]\nlisten = \":9187\"\n"},
+		{name: "console off", src: "[metrics]\nconsole = false\n"},
+		{name: "console not a boolean", src: "[metrics]\nconsole = \"yes\" # HERE\n", wantErr: true, wantKey: "metrics.console"},
+		{name: "console token and header", src: "[metrics]\nconsole_token = \"s3cret\"\nconsole_auth_header = \"X-Forwarded-User\"\n"},
+		{name: "console auth header not a header name", src: "[metrics]\nconsole_auth_header = \"X User:\" # HERE\n", wantErr: true, wantKey: "metrics.console_auth_header"},
+		{name: "console unknown key", src: "[metrics]\nconsole_tokn = \"x\" # HERE\n", wantErr: true, wantKey: "metrics.console_tokn"},
 		{name: "log level unknown", src: "[log]\nlevel = \"verbose\" # HERE\n", wantErr: true, wantKey: "log.level"},
 		{name: "log format unknown", src: "[log]\nformat = \"xml\" # HERE\n", wantErr: true, wantKey: "log.format"},
 		{name: "slot_prefix upper case", src: "[source]\nslot_prefix = \"Pg\" # HERE\n", wantErr: true, wantKey: "source.slot_prefix"},
@@ -360,6 +365,8 @@ func TestLoadDefaults(t *testing.T) {
 		{"retry backoff", c.Retry.Backoff, 200 * time.Millisecond},
 		{"retry max backoff", c.Retry.MaxBackoff, 30 * time.Second},
 		{"metrics listen", c.Metrics.Listen, "127.0.0.1:9187"},
+		{"console", c.Metrics.Console, true},
+		{"console token", c.Metrics.ConsoleToken, ""},
 		{"log level", c.Log.Level, "info"},
 		{"log format", c.Log.Format, "text"},
 	}
@@ -801,5 +808,28 @@ func TestRuleLine(t *testing.T) {
 		if got := c.RuleLine(0, tt.rule, tt.field); got != tt.want {
 			t.Errorf("RuleLine(0, %d, %q) = %d, want %d", tt.rule, tt.field, got, tt.want)
 		}
+	}
+}
+
+func TestConsoleTokenFromEnv(t *testing.T) {
+	clearEnv(t)
+	path := filepath.Join(t.TempDir(), "c.toml")
+	if err := os.WriteFile(path, []byte("[metrics]\nconsole_token = \"from-file\"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, tt := range []struct{ name, env, want string }{
+		{name: "file", want: "from-file"},
+		{name: "env overrides file", env: "from-env", want: "from-env"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Setenv(EnvConsoleToken, tt.env)
+			c, err := Load(path)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if c.Metrics.ConsoleToken != tt.want {
+				t.Errorf("console token = %q, want %q", c.Metrics.ConsoleToken, tt.want)
+			}
+		})
 	}
 }

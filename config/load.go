@@ -71,6 +71,9 @@ func load(file, src string, withRules bool) (*Config, error) {
 	if u := os.Getenv(EnvDatabaseURL); u != "" {
 		c.Database.URL = u
 	}
+	if t := os.Getenv(EnvConsoleToken); t != "" {
+		c.Metrics.ConsoleToken = t
+	}
 	return c, nil
 }
 
@@ -398,8 +401,16 @@ func (d *decoder) metrics(t *table, m *Metrics) {
 			d.fail(t.path.key("listen"), `must be host:port (":9187" for every interface), "" or "off", not %q`, listen)
 		}
 	}
+	typed(t, "console", "a boolean", &m.Console)
+	t.str("console_token", &m.ConsoleToken)
+	if t.str("console_auth_header", &m.ConsoleAuthHeader) && m.ConsoleAuthHeader != "" && !headerNameRE.MatchString(m.ConsoleAuthHeader) {
+		d.fail(t.path.key("console_auth_header"), "must be an HTTP header name (X-Forwarded-User), not %q", m.ConsoleAuthHeader)
+	}
 	t.done()
 }
+
+// headerNameRE matches an HTTP header name (an RFC 9110 token).
+var headerNameRE = regexp.MustCompile("^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")
 
 func validListen(addr string) bool {
 	_, port, err := net.SplitHostPort(addr)

@@ -71,6 +71,37 @@ type Watermark struct {
 	Backlog    int64
 }
 
+// totalsColumns are the sums of Totals, in its field order.
+const totalsColumns = `count(*), coalesce(sum(applied), 0)::bigint,
+  coalesce(sum(skipped), 0)::bigint, coalesce(sum(dead_lettered), 0)::bigint, coalesce(sum(adopted), 0)::bigint,
+  coalesce(sum(parked), 0)::bigint, count(*) FILTER (WHERE parked_since IS NOT NULL)`
+
+// AllTotals returns the Totals of every projection version that has
+// cursors, in one statement (status reads every version's at once).
+func AllTotals(ctx context.Context, q event.Querier, schema string) (map[event.VersionKey]Totals, error) {
+	rows, err := q.Query(ctx, "SELECT projection, version, "+totalsColumns+" FROM "+
+		pgx.Identifier{schema, "cursors"}.Sanitize()+" GROUP BY projection, version")
+	if err != nil {
+		return nil, fmt.Errorf("cursor totals: %w", err)
+	}
+	defer rows.Close()
+	out := map[event.VersionKey]Totals{}
+	for rows.Next() {
+		var projection string
+		var version int64
+		var t Totals
+		if err := rows.Scan(&projection, &version, &t.Streams, &t.Applied, &t.Skipped, &t.DeadLettered, &t.Adopted,
+			&t.Parked, &t.ParkedStreams); err != nil {
+			return nil, fmt.Errorf("cursor totals: %w", err)
+		}
+		out[event.VersionKey{Projection: projection, Version: version}] = t
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("cursor totals: %w", err)
+	}
+	return out, nil
+}
+
 // Totals sums a projection version's cursors. Adopted counts the events a
 // version took over from the projector it replaced (start_after_position).
 type Totals struct {
@@ -206,10 +237,7 @@ ON CONFLICT (projection, version) DO UPDATE SET
   phase = excluded.phase, backfill_total = excluded.backfill_total,
   backfill_done = excluded.backfill_done, updated_at = now()`,
 
-		totalsSQL: `SELECT count(*), coalesce(sum(applied), 0)::bigint,
-  coalesce(sum(skipped), 0)::bigint, coalesce(sum(dead_lettered), 0)::bigint, coalesce(sum(adopted), 0)::bigint,
-  coalesce(sum(parked), 0)::bigint, count(*) FILTER (WHERE parked_since IS NOT NULL)
-FROM ` + cursors + " WHERE " + this,
+		totalsSQL: "SELECT " + totalsColumns + " FROM " + cursors + " WHERE " + this,
 
 		adoptSQL: "INSERT INTO " + cursors + `
   (projection, version, stream_id, stream_position, position, adopted)

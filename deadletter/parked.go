@@ -3,6 +3,7 @@ package deadletter
 import (
 	"context"
 	"fmt"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 )
@@ -45,4 +46,33 @@ func Unhold(ctx context.Context, q Querier, schema string, r Row) (bool, error) 
 		return false, fmt.Errorf("release parked event: %w", err)
 	}
 	return tag.RowsAffected() == 1, nil
+}
+
+// ParkedStream is a stream held behind a dead letter: how many events it
+// holds and since when (the oldest held event's parked_at).
+type ParkedStream struct {
+	StreamID       string
+	Held           int64
+	FirstPosition  int64 // the stream position of its first held event
+	Since, LastAdd time.Time
+}
+
+// ParkedStreams lists up to limit streams of a projection version that
+// hold parked events, by stream id.
+func ParkedStreams(ctx context.Context, q Querier, schema, projection string, version int64, limit int) ([]ParkedStream, error) {
+	rows, err := q.Query(ctx, `SELECT stream_id, count(*), min(stream_position), min(parked_at), max(parked_at)
+FROM `+pgx.Identifier{schema, "parked_events"}.Sanitize()+`
+WHERE projection = $1 AND version = $2 GROUP BY stream_id ORDER BY stream_id LIMIT $3`, projection, version, limit)
+	if err != nil {
+		return nil, fmt.Errorf("read parked streams: %w", err)
+	}
+	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (ParkedStream, error) {
+		var p ParkedStream
+		err := r.Scan(&p.StreamID, &p.Held, &p.FirstPosition, &p.Since, &p.LastAdd)
+		return p, err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("read parked streams: %w", err)
+	}
+	return out, nil
 }

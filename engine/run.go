@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/http"
 	"sync"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -76,6 +77,10 @@ type RunOptions struct {
 	// Programs are cfg's compiled rules, in cfg.Projections order (from
 	// Compile); nil compiles them.
 	Programs []*rules.Program
+	// Console, when not nil, is served at / on the metrics listener (the
+	// web console: package console, which the caller builds because it
+	// imports this package).
+	Console http.Handler
 }
 
 // RunAll runs every configured projection until ctx ends. Projections are
@@ -109,7 +114,7 @@ func RunAll(ctx context.Context, cfg *config.Config, o RunOptions) error {
 		projs[i].slots = sem
 	}
 	if cfg.Metrics.Enabled() {
-		srv, err := lag.Listen(cfg.Metrics.Listen, reg, func() (bool, bool, any) { return health(projs) })
+		srv, err := lag.Listen(cfg.Metrics.Listen, reg, func() (bool, bool, any) { return health(projs) }, o.Console)
 		if err != nil {
 			return err
 		}

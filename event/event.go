@@ -83,3 +83,10 @@ type Intent struct {
 	// update or delete that matches no row dead-letters the event.
 	DeadLetterIfMissing bool
 }
+
+// VersionKey names a projection version, as a map key (status reads some
+// figures of every version in one query and looks each one up).
+type VersionKey struct {
+	Projection string
+	Version    int64
+}

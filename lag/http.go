@@ -18,14 +18,16 @@ import (
 // is live and caught up or a healthy standby. Detail is served as JSON.
 type Health func() (healthy, ready bool, detail any)
 
-// Server serves /metrics, /healthz and /readyz.
+// Server serves /metrics, /healthz and /readyz, and a console at / when
+// Listen is given one.
 type Server struct {
 	ln  net.Listener
 	srv *http.Server
 }
 
 // Listen binds addr (the default configuration binds loopback only).
-func Listen(addr string, g prometheus.Gatherer, health Health) (*Server, error) {
+// console, when not nil, serves every other path (the web console).
+func Listen(addr string, g prometheus.Gatherer, health Health, console http.Handler) (*Server, error) {
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		return nil, fmt.Errorf("metrics listener: %w", err)
@@ -44,6 +46,9 @@ func Listen(addr string, g prometheus.Gatherer, health Health) (*Server, error) 
 	}
 	mux.Handle("/healthz", probe(func(h, _ bool) bool { return h }))
 	mux.Handle("/readyz", probe(func(_, r bool) bool { return r }))
+	if console != nil {
+		mux.Handle("/", console)
+	}
 	s := &Server{ln: ln, srv: &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}}
 	go func() { _ = s.srv.Serve(ln) }()
 	return s, nil

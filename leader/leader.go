@@ -319,6 +319,33 @@ WHERE locktype = 'advisory' AND granted AND objsubid = 1
 	return pid, nil
 }
 
+// AdvisoryHolders returns, for each advisory lock key held in q's
+// database (as Holder reads it), the backend holding it, in one read of
+// pg_locks: status asks for every version at once. Look keys up with Key.
+func AdvisoryHolders(ctx context.Context, q event.Querier) (map[int64]int32, error) {
+	rows, err := q.Query(ctx, `SELECT classid::bigint, objid::bigint, min(pid) FROM pg_locks
+WHERE locktype = 'advisory' AND granted AND objsubid = 1
+  AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
+GROUP BY classid, objid`)
+	if err != nil {
+		return nil, fmt.Errorf("look up advisory locks: %w", err)
+	}
+	defer rows.Close()
+	out := map[int64]int32{}
+	for rows.Next() {
+		var hi, lo int64
+		var pid int32
+		if err := rows.Scan(&hi, &lo, &pid); err != nil {
+			return nil, fmt.Errorf("look up advisory locks: %w", err)
+		}
+		out[int64(uint64(hi)<<32|uint64(lo))] = pid
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("look up advisory locks: %w", err)
+	}
+	return out, nil
+}
+
 // keyParts splits a bigint advisory lock key the way pg_locks shows it.
 func keyParts(key int64) (classid, objid int64) {
 	k := uint64(key)

@@ -90,6 +90,13 @@ func run(bin, cfgPath, schemaPath string, rate int, duration time.Duration) erro
 	}
 	say("PostgreSQL (%s mode) ready: database pgscribe_demo", srv.Mode())
 	env := append(os.Environ(), "PGSCRIBE_DATABASE_URL="+dsn)
+	// A throwaway token turns the console's actions on for this demo only
+	// (config.toml.example sets none: its console is read-only).
+	token := os.Getenv(config.EnvConsoleToken)
+	if token == "" {
+		token = fmt.Sprintf("demo-%08x", rand.Uint32())
+		env = append(env, config.EnvConsoleToken+"="+token)
+	}
 
 	say("$ pgscribe migrate -config %s -events-table", cfgPath)
 	migrate := exec.CommandContext(ctx, bin, "migrate", "-config", cfgPath, "-events-table")
@@ -146,6 +153,9 @@ func run(bin, cfgPath, schemaPath string, rate int, duration time.Duration) erro
 	engineErr := func() error {
 		if err := waitBackfilled(ctx, pool, cfg, exited); err != nil {
 			return err
+		}
+		if cfg.Metrics.Console && cfg.Metrics.Enabled() {
+			say("console at http://%s/ — watch the projections, open a dead letter and retry it with the token %s", cfg.Metrics.Listen, token)
 		}
 		if rate > 0 {
 			go w.live(ctx, rate)
