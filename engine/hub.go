@@ -45,7 +45,7 @@ type hub struct {
 	held      map[string]event.LSN // in-group members not attached: their watermark holds the slot back
 	served    map[string]bool      // members this hub's streams ever served: they may have recorded a join
 	waiting   map[string]time.Time // members on a slot of their own asking to join, since when
-	slow      map[string]bool      // members detached for a full queue: the stream never waits for them to join
+	slow      map[string]*slowMark // members detached for holding the others back (deliver)
 	streaming bool                 // a stream runs: startLSN and lastBegun are valid
 	startLSN  event.LSN            // the stream delivers transactions committing at or after it
 	lastBegun event.LSN            // commit LSN of the stream's last transaction begun (0: none)
@@ -104,7 +104,7 @@ var errBehind = errors.New("the group's stream is past this position")
 func newHub(cfg groupConfig, members int, log *slog.Logger) *hub {
 	return &hub{cfg: cfg, log: log, members: members, saver: newSaver(cfg.targetURL, cfg.leaseTimeout, log),
 		attached: map[string]*member{}, held: map[string]event.LSN{}, served: map[string]bool{}, waiting: map[string]time.Time{},
-		slow: map[string]bool{}, demand: make(chan struct{}, 1)}
+		slow: map[string]*slowMark{}, demand: make(chan struct{}, 1)}
 }
 
 func memberKey(spec rules.Spec) string { return fmt.Sprintf("%s/%d", spec.Name, spec.Version) }
@@ -226,14 +226,34 @@ func (h *hub) holdsOthers(m *member) bool {
 	return false
 }
 
-// detachSlow detaches a member whose queue stayed full (deliver).
+// slowMark is a member detached for holding the others back: how often,
+// and until when it may not join again.
+type slowMark struct {
+	detaches int
+	until    time.Time
+}
+
+// slowCooldownMax bounds a slow member's cooldown.
+const slowCooldownMax = 5 * time.Minute
+
+// detachSlow detaches a member that held the others back (deliver). It
+// may join again after a cooldown of slow_member_timeout, doubled at each
+// detach (at most slowCooldownMax): a member that stays slower than the
+// group's stream costs the others at most half a window each time.
 func (h *hub) detachSlow(m *member) {
 	h.mu.Lock()
 	h.unattach(m)
-	h.slow[m.key] = true
+	sm := h.slow[m.key]
+	if sm == nil {
+		sm = &slowMark{}
+		h.slow[m.key] = sm
+	}
+	sm.detaches++
+	cool := min(h.cfg.slowAfter<<min(sm.detaches-1, 16), slowCooldownMax)
+	sm.until = time.Now().Add(cool)
 	h.mu.Unlock()
 	h.log.Warn("a member's queue stayed full: detached from the group's stream so that it does not hold the others; it catches up on a copy of the group's slot and joins again",
-		"member", m.key, "slow_member_timeout", h.cfg.slowAfter.String())
+		"member", m.key, "slow_member_timeout", h.cfg.slowAfter.String(), "rejoin_after", cool.String(), "detaches", sm.detaches)
 	m.detach(errSlowMember)
 }
 
@@ -310,12 +330,14 @@ func (h *hub) join(ctx context.Context, spec rules.Spec, sink replication.Sink, 
 	// durable (its batches in flight): joining then would let a crash lose
 	// them, since a restart resumes from the slot's confirmed position.
 	durable := sink.Confirmable()
-	// A member detached as slow joins again only once it applied all its
-	// own stream delivered (it keeps up now): its own stream reads ahead
-	// of what it applies, and joining on that alone would hold the others
-	// back again at once.
-	behindItself := h.slow[memberKey(spec)] && durable < from
-	if boundary && (!h.streaming || behindItself) || h.streaming && !(h.startLSN <= from && h.lastBegun < from && durable >= h.confirmed) {
+	// A member detached as slow stays away for its cooldown: its own
+	// stream reads ahead of what it applies, and joining as soon as that
+	// stream reaches the group's would hold the others back again at once.
+	cooling := false
+	if sm := h.slow[memberKey(spec)]; sm != nil && time.Now().Before(sm.until) {
+		cooling = true
+	}
+	if boundary && (!h.streaming || cooling) || h.streaming && !(h.startLSN <= from && h.lastBegun < from && durable >= h.confirmed) {
 		if _, ok := h.waiting[memberKey(spec)]; boundary && !ok {
 			h.waiting[memberKey(spec)] = time.Now()
 		}
@@ -324,7 +346,6 @@ func (h *hub) join(ctx context.Context, spec rules.Spec, sink replication.Sink, 
 		return nil, errBehind
 	}
 	delete(h.waiting, memberKey(spec))
-	delete(h.slow, memberKey(spec))
 	m := &member{key: memberKey(spec), sink: sink, next: from, ownSlot: ownSlot, ch: make(chan hubMsg, memberQueue),
 		done: make(chan struct{}), fed: make(chan error, 1), started: make(chan error, 1)}
 	if old := h.attached[m.key]; old != nil {
@@ -373,8 +394,8 @@ func (h *hub) holdForJoiners(ctx context.Context) {
 		h.mu.Lock()
 		hold := ""
 		for k, since := range h.waiting {
-			if h.slow[k] {
-				continue // it joins when its own stream catches up, or never: the others do not wait for it
+			if h.slow[k] != nil {
+				continue // the others never wait for a member detached as slow to join
 			}
 			switch d := time.Since(since); {
 			case d >= joinPatience+holdMax:

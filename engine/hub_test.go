@@ -380,21 +380,32 @@ func TestHubDetachesNobodyWhenAllQueuesAreFull(t *testing.T) {
 	close(b.block)
 }
 
-// A member detached as slow joins again only once it applied everything
-// its own stream delivered.
-func TestHubSlowMemberRejoinsOnlyCaughtUp(t *testing.T) {
+// A member detached as slow joins again only after its cooldown, which
+// doubles with each detach.
+func TestHubSlowMemberRejoinsAfterItsCooldown(t *testing.T) {
 	h := testHub(2)
+	h.cfg.slowAfter = 100 * time.Millisecond
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	h.join(ctx, spec("fast"), &recSink{}, 0, "", false)
+	slow, _ := h.join(ctx, spec("slow"), &recSink{}, 0, "", false)
 	h.startedAt(0)
-	h.mu.Lock()
-	h.slow[memberKey(spec("slow"))] = true
-	h.mu.Unlock()
-	if _, err := h.join(ctx, spec("slow"), &recSink{confirm: 50}, 100, "own", true); !errors.Is(err, errBehind) {
-		t.Fatalf("a slow member with applied 50 of the 100 its stream delivered joined: %v", err)
+	h.detachSlow(slow)
+	if _, err := h.join(ctx, spec("slow"), &recSink{}, 1, "own", true); !errors.Is(err, errBehind) {
+		t.Fatalf("a member detached as slow joined within its cooldown: %v", err)
 	}
-	if _, err := h.join(ctx, spec("slow"), &recSink{confirm: 100}, 100, "own", true); err != nil {
-		t.Fatalf("a slow member that applied all its stream delivered: %v", err)
+	eventually(t, "the slow member to join after its cooldown", func() bool {
+		m, err := h.join(ctx, spec("slow"), &recSink{}, 1, "own", true)
+		if err == nil {
+			slow = m
+		}
+		return err == nil
+	})
+	h.detachSlow(slow)
+	h.mu.Lock()
+	cool := time.Until(h.slow[memberKey(spec("slow"))].until)
+	h.mu.Unlock()
+	if cool < 150*time.Millisecond {
+		t.Errorf("second cooldown %s, want about twice slow_member_timeout (200ms)", cool)
 	}
 }

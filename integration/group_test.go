@@ -810,6 +810,14 @@ func (e *faultEnv) verifyGroup(t *testing.T, p *node, g1, g2 faultProjection) {
 	t.Helper()
 	e.verifyClean(t, p, g1, g2)
 	gm := []gMember{{g1.name, 1}, {g2.name, 1}}
+	// A member that held the other back under load (a catch-up after a
+	// restart, members at different positions) is detached and joins
+	// again after its cooldown: wait for both to be back.
+	gslot := groupSlot(e.slotPrefix, "default")
+	waitFor(t, waitLong, "both members on the group's slot", func() bool {
+		return e.scalar(t, `SELECT count(*) FROM pgscribe.watermarks WHERE projection = ANY($1) AND version = 1
+AND slot_name = $2 AND phase = 'live'`, []string{g1.name, g2.name}, gslot) == 2
+	})
 	requireOnGroupSlot(t, e.pool, e.slotPrefix, "default", gm...)
 	requireGroupConfirmed(t, e.pool, e.slotPrefix, "default", gm...)
 }
