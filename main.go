@@ -94,7 +94,7 @@ Usage:
       -database also applies them in a throwaway schema of the target
       database and checks the rows the fixtures' [[table]] entries list.
       Exit 1 when an expectation fails, 2 on a bad fixture.
-  pgscribe verify -projection NAME -version N [-config FILE] [-stream ID]… [-limit N]
+  pgscribe verify -projection NAME -version N [-config FILE] [-stream ID]… [-limit N] [-json]
       Rebuild a projection version from the events its cursors have
       accounted for, in a scratch schema, and diff it with the live read
       model in PostgreSQL, while the engine keeps running. Exit 1 on drift.
@@ -288,6 +288,8 @@ func run(args []string, stdout, stderr io.Writer) error {
 			return nil
 		})
 		fs.IntVar(&o.Limit, "limit", 100, "print at most `n` drifted rows per table (all are counted)")
+		fs.BoolVar(&o.JSON, "json", false, "print the result as one JSON object (progress still goes to stderr)")
+		fs.DurationVar(&o.ProgressEvery, "progress", 5*time.Second, "report the rebuild's progress on stderr this often")
 		err := runVersionCommand(fs, rest, cmd, &o.Projection, &o.Version, config.Load, configPath, stderr,
 			func(ctx context.Context, cfg *config.Config) error { return admin.Verify(ctx, cfg, o, stdout, stderr) })
 		if errors.Is(err, admin.ErrVerifyUsage) {
