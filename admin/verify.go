@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgtype"
 
 	"github.com/pgscribe/pgscribe/apply"
 	"github.com/pgscribe/pgscribe/config"
@@ -179,6 +180,12 @@ func verifyIn(ctx context.Context, cfg *config.Config, o VerifyOptions, conn *pg
 		track.tables = map[string]int16{}
 		for i, t := range tables {
 			track.tables[t] = int16(i)
+		}
+		track.perStream = perStreamTables(spec, keys)
+		for _, t := range tables {
+			if why, ok := track.perStream[t]; ok {
+				logf("table %s: %s: no row of it is written by two streams, its writes are not tracked", t, why)
+			}
 		}
 		if track.log, err = startRowLog(ctx, conn, s); err != nil {
 			return err
@@ -365,9 +372,11 @@ func readEvents(ctx context.Context, conn *pgx.Conn, src config.Source, cursors 
 		return fmt.Errorf("read events: %w", err)
 	}
 	defer rows.Close()
+	// data and metadata are copied once from the row's buffer (a scan into
+	// a string and a conversion to bytes would copy them twice).
+	var data, meta pgtype.DriverBytes
 	for rows.Next() {
 		ev := &event.Event{}
-		var data, meta *string
 		if err := rows.Scan(&ev.Position, &ev.ID, &ev.StreamID, &ev.StreamPosition, &ev.Type, &data, &meta, &ev.OccurredAt); err != nil {
 			return fmt.Errorf("read events: %w", err)
 		}
@@ -378,10 +387,10 @@ func readEvents(ctx context.Context, conn *pgx.Conn, src config.Source, cursors 
 			}
 		}
 		if data != nil {
-			ev.RawData = []byte(*data)
+			ev.RawData = slices.Clone([]byte(data))
 		}
 		if meta != nil {
-			ev.RawMetadata = []byte(*meta)
+			ev.RawMetadata = slices.Clone([]byte(meta))
 		}
 		if err := fn(ev); err != nil {
 			return err
@@ -482,9 +491,11 @@ type writers struct {
 	// onlyHash, if set, records only the rows whose key hashes it holds
 	// (table → hashes).
 	onlyHash map[string]map[uint64]bool
-	// log, if set, receives every write instead (tables: index → name).
-	log    *rowLog
-	tables map[string]int16
+	// log, if set, receives every write instead (tables: name → index),
+	// except to the tables in perStream, whose rows no two streams write.
+	log       *rowLog
+	tables    map[string]int16
+	perStream map[string]string
 	// untracked names, per table, a rule that writes it by other columns
 	// than its key: which rows it writes is not known.
 	untracked map[string]string
@@ -525,6 +536,9 @@ func (w *writers) see(ev *event.Event, intents []event.Intent) {
 		}
 		cols := w.keys[in.Table]
 		if cols == nil {
+			continue
+		}
+		if _, skip := w.perStream[in.Table]; skip && w.log != nil {
 			continue
 		}
 		vals := keyValues(in, cols)

@@ -8,6 +8,7 @@ import (
 	"hash/maphash"
 	"math/bits"
 	"sort"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -27,10 +28,11 @@ import (
 // written by several streams with a write that does not commute. Only the
 // streams that write those rows are then evaluated a second time (rules
 // only, no writes), recording in memory the exact rows whose hash is among
-// them: memory holds the shared rows, never every row. A hash can only
-// merge rows, never split one, so a shared row is never missed; a
+// them: memory holds the shared rows, never every row. A key hash can
+// only merge rows, never split one, so a shared row is never missed; a
 // collision only costs a row more in the second pass, where rows are told
-// apart by their exact key.
+// apart by their exact key. (Two streams whose 64-bit hashes collide
+// would pass for one; the odds are about streams² in 2^65.)
 
 // rowSeed hashes row keys and stream ids within one verify process.
 var rowSeed = maphash.MakeSeed()
@@ -203,9 +205,6 @@ SELECT DISTINCT r.t, r.k, r.s FROM %[1]s r JOIN shared USING (t, k)`, rowsTable(
 func sharedPass(ctx context.Context, conn, src *pgx.Conn, cfg *config.Config, s *scratch, prog *rules.Program, tables []string,
 	first *writers, cursors map[string]int64, logf func(string, ...any)) (*writers, error) {
 	started := time.Now()
-	if _, err := conn.Exec(ctx, "ANALYZE "+rowsTable(s)); err != nil {
-		return nil, fmt.Errorf("analyze row log: %w", err)
-	}
 	byIndex, streamHashes, err := sharedRows(ctx, conn, s)
 	if err != nil {
 		return nil, err
@@ -277,4 +276,43 @@ func rebuildProgress(done, total int64, elapsed time.Duration) string {
 		eta = (time.Duration(float64(total-done)/rate) * time.Second).Round(time.Second).String()
 	}
 	return fmt.Sprintf("rebuilding: %d of %d events (%.1f%%), %.0f events/s, eta %s", done, total, pct, rate, eta)
+}
+
+// perStreamTables returns the tables of a projection no two streams can
+// write a row of, from the rules alone: those where one column of the key
+// verify identifies rows by (keys) takes, in every rule that writes the
+// table, the event's id (unique per event) or its stream id. Their rows
+// need no tracking (a ledger row per event is the common case), so a full
+// verify logs none of their writes. The value is the column and what it
+// holds, for the progress line.
+func perStreamTables(spec rules.Spec, keys map[string][]string) map[string]string {
+	out := map[string]string{}
+	for t, key := range keys {
+		if key == nil {
+			continue
+		}
+		for _, c := range key {
+			expr, ok := "", true
+			for _, r := range spec.Rules {
+				if r.Table != t || r.Op == string(event.OpSQL) {
+					continue
+				}
+				e, found := r.Key[c]
+				if !found {
+					e, found = r.Set[c]
+				}
+				e = strings.TrimSpace(e)
+				if !found || (e != "id" && e != "stream_id") || (expr != "" && e != expr) {
+					ok = false
+					break
+				}
+				expr = e
+			}
+			if ok && expr != "" {
+				out[t] = fmt.Sprintf("its key column %s is the %s in every rule that writes it", c, map[string]string{"id": "event id", "stream_id": "stream id"}[expr])
+				break
+			}
+		}
+	}
+	return out
 }
