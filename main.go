@@ -15,6 +15,7 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"runtime/debug"
 	"slices"
 	"strconv"
 	"strings"
@@ -290,6 +291,9 @@ func run(args []string, stdout, stderr io.Writer) error {
 		fs.IntVar(&o.Limit, "limit", 100, "print at most `n` drifted rows per table (all are counted)")
 		fs.BoolVar(&o.JSON, "json", false, "print the result as one JSON object (progress still goes to stderr)")
 		fs.DurationVar(&o.ProgressEvery, "progress", 5*time.Second, "report the rebuild's progress on stderr this often")
+		if os.Getenv("GOMEMLIMIT") == "" {
+			debug.SetMemoryLimit(admin.VerifyMemoryLimit)
+		}
 		err := runVersionCommand(fs, rest, cmd, &o.Projection, &o.Version, config.Load, configPath, stderr,
 			func(ctx context.Context, cfg *config.Config) error { return admin.Verify(ctx, cfg, o, stdout, stderr) })
 		if errors.Is(err, admin.ErrVerifyUsage) {

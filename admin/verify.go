@@ -26,6 +26,13 @@ import (
 // rebuild (exit 1); the rows were written out.
 var ErrDrift = errors.New("read model drift")
 
+// VerifyMemoryLimit is the soft memory limit (a GC target, not a cap)
+// main sets for verify when GOMEMLIMIT is not set. Verify's live heap is
+// the events in flight (queues and batches, bounded by the engine
+// settings) whatever the size of the tables; without a limit GOGC=200
+// lets the heap grow to three times that between collections.
+const VerifyMemoryLimit = 192 << 20
+
 // ErrVerifyUsage is a verify request that cannot be served: an unknown
 // projection version, or rules verify cannot rebuild safely (exit 2).
 var ErrVerifyUsage = errors.New("cannot verify")
@@ -100,8 +107,8 @@ func Verify(ctx context.Context, cfg *config.Config, o VerifyOptions, w, progres
 		return fmt.Errorf("parse target url: %w", err)
 	}
 	// verify's queries scan whole tables once: compiling them costs more
-	// than it saves and the diff's hash join wants
-	// memory rather than batches on disk.
+	// than it saves, and the diff's hash join wants memory rather than
+	// batches on disk.
 	tc.RuntimeParams["jit"] = "off"
 	tc.RuntimeParams["work_mem"] = "128MB"
 	conn, err := pgx.ConnectConfig(ctx, tc)
@@ -194,7 +201,13 @@ func verifyIn(ctx context.Context, cfg *config.Config, o VerifyOptions, conn *pg
 	var built int64
 	buildStarted := time.Now()
 	err = s.build(ctx, pool, spec, &scratchEval{prog: prog, tables: s.tables, seen: track.see}, buildOptions{
-		Parallelism: cfg.Engine.Parallelism, BatchSize: cfg.Engine.BackfillBatchSize, QueueSize: cfg.Engine.QueueSize,
+		// Queues of two whole batches: the feed stays ahead of the
+		// partitions, so batches fill to backfill_batch_size and fold more
+		// writes per row than queue_size (half a batch by default) lets a
+		// backfill. The events in flight stay bounded; VerifyMemoryLimit
+		// keeps the heap's slack from growing with them.
+		Parallelism: cfg.Engine.Parallelism, BatchSize: cfg.Engine.BackfillBatchSize,
+		QueueSize: max(cfg.Engine.QueueSize, 2*cfg.Engine.BackfillBatchSize),
 		Retry:         apply.Options{MaxAttempts: cfg.Retry.MaxAttempts, Backoff: cfg.Retry.Backoff, MaxBackoff: cfg.Retry.MaxBackoff},
 		Progress:      func(done int64) { logf("%s", rebuildProgress(done, total, time.Since(buildStarted))) },
 		ProgressEvery: o.ProgressEvery,
