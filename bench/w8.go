@@ -126,10 +126,12 @@ func (b *bench) verifyRun(ctx context.Context, id, cfg string, n int64, backfill
 	cmd := exec.CommandContext(ctx, b.opts.bin, "verify", "-config", cfg, "-projection", "account", "-version", "1", "-json")
 	cmd.Stdout, cmd.Stderr = &out, lf
 	pg0, pgOK := b.srv.cpu()
+	busy0, busyOK := machineBusy()
 	start := time.Now()
 	runErr := cmd.Run()
 	el := time.Since(start)
 	pg1, pg1OK := b.srv.cpu()
+	busy1, busy1OK := machineBusy()
 	if cmd.ProcessState == nil {
 		return Row{}, fmt.Errorf("pgscribe verify: %w", runErr)
 	}
@@ -141,9 +143,12 @@ func (b *bench) verifyRun(ctx context.Context, id, cfg string, n int64, backfill
 		say("%s: WARNING: verify reports %d differences (%v); see %s", id, res.Drift, runErr, logPath)
 	}
 	cpu := cmd.ProcessState.UserTime() + cmd.ProcessState.SystemTime()
+	// What else ran meanwhile, as for the engine rows (otherCores).
+	other := otherCores(sample{at: start, busy: busy0, bOK: busyOK, pgCPU: pg0, pgOK: pgOK},
+		sample{at: start.Add(el), cpu: cpu, busy: busy1, bOK: busy1OK, pgCPU: pg1, pgOK: pg1OK})
 	row := Row{Kind: "verify", Label: fmt.Sprintf("verify, %s events (drift: %d)", thousands(res.Events), res.Drift),
 		Projection: "account", Events: res.Events, Seconds: el.Seconds(), Rate: float64(res.Events) / el.Seconds(),
-		CPUPerEvent: us(cpu) / float64(max(res.Events, 1)), PGCPUPerEvent: -1, OtherCores: -1}
+		CPUPerEvent: us(cpu) / float64(max(res.Events, 1)), PGCPUPerEvent: -1, OtherCores: other}
 	if ru, ok := cmd.ProcessState.SysUsage().(*syscall.Rusage); ok {
 		row.PeakRSSMB = float64(ru.Maxrss) / 1024 // KiB on Linux
 	}
