@@ -6,6 +6,8 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"os"
+	"runtime/debug"
 	"strings"
 	"time"
 
@@ -209,7 +211,7 @@ var commands = []command{
 		}
 	}},
 	{name: "verify", usage: `
-  pgscribe verify -projection NAME -version N [-config FILE] [-stream ID]… [-limit N]
+  pgscribe verify -projection NAME -version N [-config FILE] [-stream ID]… [-limit N] [-json]
       Rebuild a projection version from the events its cursors have
       accounted for, in a scratch schema, and diff it with the live read
       model in PostgreSQL, while the engine keeps running. Exit 1 on drift.
@@ -220,11 +222,18 @@ var commands = []command{
 			return nil
 		})
 		fs.IntVar(&o.Limit, "limit", 100, "print at most `n` drifted rows per table (all are counted)")
+		fs.BoolVar(&o.JSON, "json", false, "print the result as one JSON object (progress still goes to stderr)")
+		fs.DurationVar(&o.ProgressEvery, "progress", 5*time.Second, "report the rebuild's progress on stderr this often")
 		verify := versionCommand(fs, c, &o.Projection, &o.Version, config.Load,
 			func(ctx context.Context, cfg *config.Config) error {
 				return admin.Verify(ctx, cfg, o, c.stdout, c.stderr)
 			})
 		return func() error {
+			// Verify's memory is the events in flight: a soft limit keeps
+			// the garbage collector ahead of them (GOMEMLIMIT overrides).
+			if os.Getenv("GOMEMLIMIT") == "" {
+				debug.SetMemoryLimit(admin.VerifyMemoryLimit)
+			}
 			err := verify()
 			if errors.Is(err, admin.ErrVerifyUsage) {
 				return &exitError{code: 2, err: err}

@@ -37,10 +37,29 @@ func scratchTableName(live string) string { return strings.ReplaceAll(live, ".",
 
 // newScratch creates the scratch schema named prefix plus a unique suffix,
 // with an engine schema and copies of tables. The caller drops it.
+//
+// conn holds the schema's advisory lock (scratchLockClass, hashtext of the
+// name) for as long as it lives: a scratch schema whose lock nobody holds
+// was left by a process that died (kill -9, a lost connection) before it
+// could drop it, and the next newScratch of the same prefix drops it.
 func newScratch(ctx context.Context, conn *pgx.Conn, prefix string, tables []string) (*scratch, error) {
 	s := &scratch{schema: fmt.Sprintf("%s_%x", prefix, time.Now().UnixNano()), tables: map[string]string{}}
+	// Locked before the schema exists, so that no other process ever sees
+	// it unlocked.
+	if _, err := conn.Exec(ctx, "SELECT pg_advisory_lock($1, hashtext($2))", scratchLockClass, s.schema); err != nil {
+		return nil, fmt.Errorf("lock scratch schema: %w", err)
+	}
+	if err := dropAbandoned(ctx, conn, prefix); err != nil {
+		return nil, err
+	}
 	if _, err := migrations.Apply(ctx, conn, s.schema); err != nil {
-		return nil, fmt.Errorf("create scratch schema: %w", err)
+		return s, fmt.Errorf("create scratch schema: %w", err)
+	}
+	// Nothing in a scratch schema outlives it: no WAL for what it holds.
+	for _, t := range []string{"cursors", "dead_letters"} {
+		if _, err := conn.Exec(ctx, "ALTER TABLE "+pgx.Identifier{s.schema, t}.Sanitize()+" SET UNLOGGED"); err != nil {
+			return s, fmt.Errorf("scratch table %s: %w", t, err)
+		}
 	}
 	for _, t := range tables {
 		if _, done := s.tables[t]; done {
@@ -52,7 +71,7 @@ func newScratch(ctx context.Context, conn *pgx.Conn, prefix string, tables []str
 				return s, fmt.Errorf("tables %s and %s have the same scratch name", live, t)
 			}
 		}
-		if _, err := conn.Exec(ctx, fmt.Sprintf("CREATE TABLE %s (LIKE %s INCLUDING ALL)",
+		if _, err := conn.Exec(ctx, fmt.Sprintf("CREATE UNLOGGED TABLE %s (LIKE %s INCLUDING ALL)",
 			pgx.Identifier{s.schema, scratchTableName(t)}.Sanitize(), event.Table(t).Quoted())); err != nil {
 			return s, fmt.Errorf("copy table %s: %w", t, err)
 		}
@@ -88,6 +107,36 @@ WHERE d.adrelid = $1::regclass AND pg_get_expr(d.adbin, d.adrelid) LIKE 'nextval
 	return nil
 }
 
+// scratchLockClass is the first key of a scratch schema's advisory lock:
+// "pgsx" (promote and migrations use "pgsc").
+const scratchLockClass int32 = 0x70677378
+
+// dropAbandoned drops the scratch schemas of prefix whose advisory lock no
+// session holds: their process died before it could drop them.
+func dropAbandoned(ctx context.Context, conn *pgx.Conn, prefix string) error {
+	names, err := queryStrings(ctx, conn, `SELECT nspname FROM pg_namespace WHERE nspname ~ ('^' || $1 || '_[0-9a-f]+$') ORDER BY 1`, prefix)
+	if err != nil {
+		return fmt.Errorf("look for abandoned scratch schemas: %w", err)
+	}
+	for _, n := range names {
+		var free bool
+		if err := conn.QueryRow(ctx, "SELECT pg_try_advisory_lock($1, hashtext($2))", scratchLockClass, n).Scan(&free); err != nil {
+			return fmt.Errorf("lock scratch schema %s: %w", n, err)
+		}
+		if !free {
+			continue // in use
+		}
+		_, err := conn.Exec(ctx, "DROP SCHEMA IF EXISTS "+pgx.Identifier{n}.Sanitize()+" CASCADE")
+		if _, uerr := conn.Exec(ctx, "SELECT pg_advisory_unlock($1, hashtext($2))", scratchLockClass, n); err == nil {
+			err = uerr
+		}
+		if err != nil {
+			return fmt.Errorf("drop abandoned scratch schema %s: %w", n, err)
+		}
+	}
+	return nil
+}
+
 // withScratch runs fn with a new scratch schema (see newScratch) and
 // drops the schema afterwards, whatever fn returned.
 func withScratch(ctx context.Context, conn *pgx.Conn, prefix string, tables []string, fn func(*scratch) error) (err error) {
@@ -115,8 +164,21 @@ func (s *scratch) ident(t string) string {
 func (s *scratch) drop(conn *pgx.Conn) error {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(context.Background()), time.Minute)
 	defer cancel()
+	if conn.IsClosed() {
+		// A cancelled query (Ctrl-C) can leave conn closed: drop on a
+		// new connection.
+		c, err := pgx.ConnectConfig(ctx, conn.Config())
+		if err != nil {
+			return fmt.Errorf("drop scratch schema %s: %w", s.schema, err)
+		}
+		defer c.Close(ctx)
+		conn = c
+	}
 	if _, err := conn.Exec(ctx, "DROP SCHEMA IF EXISTS "+pgx.Identifier{s.schema}.Sanitize()+" CASCADE"); err != nil {
 		return fmt.Errorf("drop scratch schema %s: %w", s.schema, err)
+	}
+	if _, err := conn.Exec(ctx, "SELECT pg_advisory_unlock($1, hashtext($2))", scratchLockClass, s.schema); err != nil {
+		return fmt.Errorf("unlock scratch schema %s: %w", s.schema, err)
 	}
 	return nil
 }
@@ -197,6 +259,10 @@ func buildPool(ctx context.Context, url, schema string, conns int) (*pgxpool.Poo
 	}
 	pc.MaxConns = int32(conns)
 	pc.ConnConfig.RuntimeParams["search_path"] = pgx.Identifier{schema}.Sanitize() + ", pg_catalog"
+	// A build's writes are thrown away with the schema: no commit waits
+	// for its WAL flush, and no statement is worth compiling.
+	pc.ConnConfig.RuntimeParams["synchronous_commit"] = "off"
+	pc.ConnConfig.RuntimeParams["jit"] = "off"
 	pool, err := pgxpool.NewWithConfig(ctx, pc)
 	if err != nil {
 		return nil, fmt.Errorf("connect to target: %w", err)
@@ -212,6 +278,8 @@ type buildOptions struct {
 	Retry       apply.Options // MaxAttempts, Backoff, MaxBackoff
 	SuspectWait time.Duration
 	Progress    func(done int64)
+	// ProgressEvery is how often Progress is called (default 5s).
+	ProgressEvery time.Duration
 }
 
 // build applies the events feed hands it to the scratch schema through
@@ -262,7 +330,11 @@ func (s *scratch) build(ctx context.Context, pool *pgxpool.Pool, spec rules.Spec
 		fed <- n
 	}()
 	total := int64(-1)
-	tick := time.NewTicker(5 * time.Second)
+	every := o.ProgressEvery
+	if every <= 0 {
+		every = 5 * time.Second
+	}
+	tick := time.NewTicker(every)
 	defer tick.Stop()
 	for {
 		if total >= 0 && done.Load() >= total {

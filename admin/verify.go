@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgtype"
 
 	"github.com/pgscribe/pgscribe/apply"
 	"github.com/pgscribe/pgscribe/config"
@@ -24,6 +25,13 @@ import (
 // ErrDrift is returned by Verify when the live read model differs from the
 // rebuild (exit 1); the rows were written out.
 var ErrDrift = errors.New("read model drift")
+
+// VerifyMemoryLimit is the soft memory limit (a GC target, not a cap)
+// main sets for verify when GOMEMLIMIT is not set. Verify's live heap is
+// the events in flight (queues and batches, bounded by the engine
+// settings) whatever the size of the tables; without a limit GOGC=200
+// lets the heap grow to three times that between collections.
+const VerifyMemoryLimit = 192 << 20
 
 // ErrVerifyUsage is a verify request that cannot be served: an unknown
 // projection version, or rules verify cannot rebuild safely (exit 2).
@@ -38,6 +46,12 @@ type VerifyOptions struct {
 	Streams []string
 	// Limit bounds the drifted rows printed per table (all are counted).
 	Limit int
+	// JSON prints the result as one JSON object (VerifyResult) instead of
+	// text; the progress lines still go to stderr.
+	JSON bool
+	// ProgressEvery is how often the rebuild reports its progress
+	// (events rebuilt of total, rate, ETA) on stderr; default 5s.
+	ProgressEvery time.Duration
 }
 
 // Verify rebuilds a projection version in a scratch schema from exactly
@@ -88,19 +102,33 @@ func Verify(ctx context.Context, cfg *config.Config, o VerifyOptions, w, progres
 	}
 	tables := projectionTables(prog)
 
-	conn, err := pgx.Connect(ctx, cfg.TargetURL())
+	tc, err := pgx.ParseConfig(cfg.TargetURL())
+	if err != nil {
+		return fmt.Errorf("parse target url: %w", err)
+	}
+	// verify's queries scan whole tables once: compiling them costs more
+	// than it saves, and the diff's hash join wants memory rather than
+	// batches on disk.
+	tc.RuntimeParams["jit"] = "off"
+	tc.RuntimeParams["work_mem"] = "128MB"
+	conn, err := pgx.ConnectConfig(ctx, tc)
 	if err != nil {
 		return fmt.Errorf("connect to target: %w", err)
 	}
 	defer conn.Close(context.WithoutCancel(ctx))
+	// A verify killed mid-query leaves a backend running until it next
+	// talks to the client; with this it notices within a second and ends,
+	// releasing the scratch schema's lock for the next verify to drop it.
+	// (PostgreSQL 14 and later; an older server refuses it, harmlessly.)
+	_, _ = conn.Exec(ctx, "SET client_connection_check_interval = '1s'")
 	return withScratch(ctx, conn, "pgscribe_verify", tables, func(s *scratch) error {
-		return verifyIn(ctx, cfg, o, conn, s, spec, prog, tables, w, logf)
+		return verifyIn(ctx, cfg, o, conn, s, spec, prog, tables, w, logf, started)
 	})
 }
 
 // verifyIn is Verify's work inside its scratch schema.
 func verifyIn(ctx context.Context, cfg *config.Config, o VerifyOptions, conn *pgx.Conn, s *scratch, spec rules.Spec, prog *rules.Program,
-	tables []string, w io.Writer, logf func(string, ...any)) (err error) {
+	tables []string, w io.Writer, logf func(string, ...any), started time.Time) (err error) {
 	keys := map[string][]string{}
 	compared := map[string][]string{}
 	for _, t := range tables {
@@ -128,6 +156,7 @@ func verifyIn(ctx context.Context, cfg *config.Config, o VerifyOptions, conn *pg
 		return fmt.Errorf("parse source url: %w", err)
 	}
 	srcCfg.RuntimeParams["TimeZone"] = "UTC" // as the engine's replication connection
+	srcCfg.RuntimeParams["jit"] = "off"
 	src, err := pgx.ConnectConfig(ctx, srcCfg)
 	if err != nil {
 		return fmt.Errorf("connect to source: %w", err)
@@ -139,6 +168,11 @@ func verifyIn(ctx context.Context, cfg *config.Config, o VerifyOptions, conn *pg
 	if track.dead, err = liveDeadLettered(ctx, conn, s); err != nil {
 		return err
 	}
+	var total int64
+	if err := conn.QueryRow(ctx, "SELECT coalesce(sum(applied + skipped + dead_lettered), 0)::bigint FROM "+
+		pgx.Identifier{s.schema, "pgscribe_live_cursors"}.Sanitize()).Scan(&total); err != nil {
+		return fmt.Errorf("count accounted events: %w", err)
+	}
 	pool, err := buildPool(ctx, cfg.TargetURL(), s.schema, cfg.Engine.Parallelism+1)
 	if err != nil {
 		return err
@@ -148,27 +182,66 @@ func verifyIn(ctx context.Context, cfg *config.Config, o VerifyOptions, conn *pg
 	for _, id := range o.Streams {
 		selected[id] = true
 	}
+	if len(o.Streams) == 0 {
+		// A full verify: rows go to the row log, not to memory.
+		track.tables = map[string]int16{}
+		for i, t := range tables {
+			track.tables[t] = int16(i)
+		}
+		track.perStream = perStreamTables(spec, keys)
+		for _, t := range tables {
+			if why, ok := track.perStream[t]; ok {
+				logf("table %s: %s: no row of it is written by two streams, its writes are not tracked", t, why)
+			}
+		}
+		if track.log, err = startRowLog(ctx, conn, s); err != nil {
+			return err
+		}
+	}
 	var built int64
+	buildStarted := time.Now()
 	err = s.build(ctx, pool, spec, &scratchEval{prog: prog, tables: s.tables, seen: track.see}, buildOptions{
-		Parallelism: cfg.Engine.Parallelism, BatchSize: cfg.Engine.BackfillBatchSize, QueueSize: cfg.Engine.QueueSize,
-		Retry:    apply.Options{MaxAttempts: cfg.Retry.MaxAttempts, Backoff: cfg.Retry.Backoff, MaxBackoff: cfg.Retry.MaxBackoff},
-		Progress: func(done int64) { logf("rebuilt %d events", done) },
+		// Queues of two whole batches: the feed stays ahead of the
+		// partitions, so batches fill to backfill_batch_size and fold more
+		// writes per row than queue_size (half a batch by default) lets a
+		// backfill. The events in flight stay bounded; VerifyMemoryLimit
+		// keeps the heap's slack from growing with them.
+		Parallelism: cfg.Engine.Parallelism, BatchSize: cfg.Engine.BackfillBatchSize,
+		QueueSize:     max(cfg.Engine.QueueSize, 2*cfg.Engine.BackfillBatchSize),
+		Retry:         apply.Options{MaxAttempts: cfg.Retry.MaxAttempts, Backoff: cfg.Retry.Backoff, MaxBackoff: cfg.Retry.MaxBackoff},
+		Progress:      func(done int64) { logf("%s", rebuildProgress(done, total, time.Since(buildStarted))) },
+		ProgressEvery: o.ProgressEvery,
 	}, func(ctx context.Context, dispatch func(*event.Event) error) error {
 		return readEvents(ctx, src, cfg.Source, cursors, o.Streams, func(ev *event.Event) error {
 			built++
 			return dispatch(ev)
 		})
 	})
+	if track.log != nil {
+		// Before anything else uses conn (the copy runs on it).
+		if cerr := track.log.close(); err == nil {
+			err = cerr
+		}
+	}
 	if err != nil {
 		return fmt.Errorf("rebuild: %w", err)
 	}
-	logf("rebuilt %d events", built)
+	logf("rebuilt %d events of %d accounted for, %.0f events/s", built, total, float64(built)/max(time.Since(buildStarted).Seconds(), 1e-9))
 	for t, rule := range track.untracked {
 		if len(o.Streams) > 0 {
 			return fmt.Errorf("%w: rule %s writes table %s by other columns than its key %v: -stream cannot attribute its rows",
 				ErrVerifyUsage, rule, t, keys[t])
 		}
 		logf("table %s: rule %s writes rows by other columns than the key %v: which streams write a row is not tracked, so no row of it is reported as order-dependent", t, rule, keys[t])
+	}
+	if err := analyze(ctx, conn, s, tables); err != nil {
+		return err
+	}
+
+	if track.log != nil {
+		if track, err = sharedPass(ctx, conn, src, cfg, s, prog, tables, track, cursors, logf); err != nil {
+			return err
+		}
 	}
 
 	if len(o.Streams) > 0 {
@@ -205,11 +278,12 @@ func verifyIn(ctx context.Context, cfg *config.Config, o VerifyOptions, conn *pg
 		return err
 	}
 	for _, t := range tables {
-		if err := track.store(ctx, conn, s, t, compared[t], len(o.Streams) > 0, rep); err != nil {
+		shared, err := track.store(ctx, conn, s, t, compared[t], len(o.Streams) > 0, rep)
+		if err != nil {
 			return err
 		}
 		tstart := time.Now()
-		if err := diffTable(ctx, conn, s, t, keys[t], compared[t], len(o.Streams) > 0, rep); err != nil {
+		if err := diffTable(ctx, conn, s, t, keys[t], compared[t], len(o.Streams) > 0, shared, rep); err != nil {
 			return err
 		}
 		logf("table %s: %d rows drift, %d shared rows differ legitimately, %d undecidable, compared in %s",
@@ -219,6 +293,9 @@ func verifyIn(ctx context.Context, cfg *config.Config, o VerifyOptions, conn *pg
 		return err
 	}
 	logf("accounting: %d streams and their dead letters compared", len(cursors))
+	if o.JSON {
+		return rep.writeJSON(w, spec, built, len(cursors), tables, time.Since(started))
+	}
 	return rep.write(w, spec, built, len(cursors), tables)
 }
 
@@ -308,9 +385,11 @@ func readEvents(ctx context.Context, conn *pgx.Conn, src config.Source, cursors 
 		return fmt.Errorf("read events: %w", err)
 	}
 	defer rows.Close()
+	// data and metadata are copied once from the row's buffer (a scan into
+	// a string and a conversion to bytes would copy them twice).
+	var data, meta pgtype.DriverBytes
 	for rows.Next() {
 		ev := &event.Event{}
-		var data, meta *string
 		if err := rows.Scan(&ev.Position, &ev.ID, &ev.StreamID, &ev.StreamPosition, &ev.Type, &data, &meta, &ev.OccurredAt); err != nil {
 			return fmt.Errorf("read events: %w", err)
 		}
@@ -321,10 +400,10 @@ func readEvents(ctx context.Context, conn *pgx.Conn, src config.Source, cursors 
 			}
 		}
 		if data != nil {
-			ev.RawData = []byte(*data)
+			ev.RawData = slices.Clone([]byte(data))
 		}
 		if meta != nil {
-			ev.RawMetadata = []byte(*meta)
+			ev.RawMetadata = slices.Clone([]byte(meta))
 		}
 		if err := fn(ev); err != nil {
 			return err
@@ -407,6 +486,12 @@ type writer struct {
 
 // writers records, per table and row key, which streams write a row (from
 // the intents the rules produce). Safe for concurrent use.
+//
+// It works in one of two ways. With log set (the rebuild of a full
+// verify), it holds nothing per row: each write goes to the row log
+// (verifyrows.go). Otherwise (a second pass over the streams that share
+// rows, or -stream) it records every row it sees in memory, or with
+// onlyHash set only the rows of those key hashes.
 type writers struct {
 	mu   sync.Mutex
 	keys map[string][]string // table → key columns
@@ -416,6 +501,14 @@ type writers struct {
 	dead map[string]bool
 	rows map[string]map[string]*writer // table → key text → writer
 	only map[string]map[string]*writer // if set, record only these rows
+	// onlyHash, if set, records only the rows whose key hashes it holds
+	// (table → hashes).
+	onlyHash map[string]map[uint64]bool
+	// log, if set, receives every write instead (tables: name → index),
+	// except to the tables in perStream, whose rows no two streams write.
+	log       *rowLog
+	tables    map[string]int16
+	perStream map[string]string
 	// untracked names, per table, a rule that writes it by other columns
 	// than its key: which rows it writes is not known.
 	untracked map[string]string
@@ -433,9 +526,23 @@ func commutes(in event.Intent) bool {
 	return spec.IncAdds && len(in.Set) == 0 && len(in.Inc) > 0
 }
 
+// keyValues is the values of an intent's key columns cols; nil when the
+// intent does not name all of them.
+func keyValues(in event.Intent, cols []string) []any {
+	vals := make([]any, len(cols))
+	for i, c := range cols {
+		v, ok := columnValue(in, c)
+		if !ok {
+			return nil
+		}
+		vals[i] = v
+	}
+	return vals
+}
+
 func (w *writers) see(ev *event.Event, intents []event.Intent) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
+	var recs []rowRec
+	var sh uint64
 	for _, in := range intents {
 		if in.Op == event.OpSQL {
 			continue
@@ -444,46 +551,63 @@ func (w *writers) see(ev *event.Event, intents []event.Intent) {
 		if cols == nil {
 			continue
 		}
-		vals := make([]any, len(cols))
-		for i, c := range cols {
-			v, ok := columnValue(in, c)
-			if !ok {
-				vals = nil
-				break
-			}
-			vals[i] = v
+		if _, skip := w.perStream[in.Table]; skip && w.log != nil {
+			continue
 		}
+		vals := keyValues(in, cols)
 		if vals == nil {
+			w.mu.Lock()
 			if _, done := w.untracked[in.Table]; !done {
 				w.untracked[in.Table] = in.Rule
 			}
+			w.mu.Unlock()
+			continue
+		}
+		if w.log != nil {
+			if sh == 0 {
+				sh = streamHash(ev.StreamID)
+			}
+			recs = append(recs, rowRec{table: w.tables[in.Table], key: rowHash(vals), stream: sh, nonComm: !commutes(in)})
+			continue
+		}
+		if w.onlyHash != nil && !w.onlyHash[in.Table][rowHash(vals)] {
 			continue
 		}
 		b, _ := json.Marshal(vals)
 		k := string(b)
-		if w.only != nil {
-			if _, ok := w.only[in.Table][k]; !ok {
-				continue
-			}
-		}
-		m := w.rows[in.Table]
-		if m == nil {
-			m = map[string]*writer{}
-			w.rows[in.Table] = m
-		}
-		wr, ok := m[k]
-		if !ok {
-			wr = &writer{stream: ev.StreamID, keyValue: vals}
-			m[k] = wr
-		}
-		if wr.stream != ev.StreamID {
-			wr.multi = true
-		}
-		if !commutes(in) {
-			wr.nonComm = true
-		}
-		wr.writes.record(ev.StreamID, ev.StreamPosition, in, w.cols[in.Table], !w.dead[deadKey(ev.StreamID, ev.StreamPosition)])
+		w.record(ev, in, k, vals)
 	}
+	if len(recs) > 0 {
+		w.log.add(recs)
+	}
+}
+
+// record notes intent in of ev on the row with key text k.
+func (w *writers) record(ev *event.Event, in event.Intent, k string, vals []any) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.only != nil {
+		if _, ok := w.only[in.Table][k]; !ok {
+			return
+		}
+	}
+	m := w.rows[in.Table]
+	if m == nil {
+		m = map[string]*writer{}
+		w.rows[in.Table] = m
+	}
+	wr, ok := m[k]
+	if !ok {
+		wr = &writer{stream: ev.StreamID, keyValue: vals}
+		m[k] = wr
+	}
+	if wr.stream != ev.StreamID {
+		wr.multi = true
+	}
+	if !commutes(in) {
+		wr.nonComm = true
+	}
+	wr.writes.record(ev.StreamID, ev.StreamPosition, in, w.cols[in.Table], !w.dead[deadKey(ev.StreamID, ev.StreamPosition)])
 }
 
 func columnValue(in event.Intent, col string) (any, bool) {
@@ -516,17 +640,13 @@ func (w *writers) exclude(others *writers) {
 
 // store writes table t's order-dependent row keys (and, for -stream, the
 // keys of the rows the selected streams alone write) into scratch tables
-// the diff joins with, typed as t's own key columns.
-func (w *writers) store(ctx context.Context, conn *pgx.Conn, s *scratch, t string, compared []string, streams bool, rep *driftReport) error {
+// the diff joins with, typed as t's own key columns. It reports whether t
+// has order-dependent rows: without, it creates nothing and the diff
+// joins nothing.
+func (w *writers) store(ctx context.Context, conn *pgx.Conn, s *scratch, t string, compared []string, streams bool, rep *driftReport) (bool, error) {
 	cols := w.keys[t]
 	if cols == nil {
-		return nil
-	}
-	if compared == nil {
-		var err error
-		if compared, err = columnNames(ctx, conn, s.ident(t)); err != nil {
-			return err
-		}
+		return false, nil
 	}
 	var orderDep []*writer
 	var own [][]any
@@ -534,16 +654,28 @@ func (w *writers) store(ctx context.Context, conn *pgx.Conn, s *scratch, t strin
 		if wr.multi && wr.nonComm {
 			orderDep = append(orderDep, wr)
 		}
-		own = append(own, wr.keyValue)
+		if streams {
+			own = append(own, wr.keyValue)
+		}
 	}
-	if err := storeShared(ctx, conn, s, t, cols, compared, orderDep, rep.deadDiffer); err != nil {
-		return err
+	if len(orderDep) > 0 {
+		if compared == nil {
+			var err error
+			if compared, err = columnNames(ctx, conn, s.ident(t)); err != nil {
+				return false, err
+			}
+		}
+		if err := storeShared(ctx, conn, s, t, cols, compared, orderDep, rep.deadDiffer); err != nil {
+			return false, err
+		}
+		rep.shared += len(orderDep)
 	}
-	rep.shared += len(orderDep)
 	if streams {
-		return storeKeys(ctx, conn, s, t, "pgscribe_own__", cols, own)
+		if err := storeKeys(ctx, conn, s, t, "pgscribe_own__", cols, own); err != nil {
+			return false, err
+		}
 	}
-	return nil
+	return len(orderDep) > 0, nil
 }
 
 func keyTable(s *scratch, prefix, t string) string {
@@ -611,7 +743,10 @@ type driftReport struct {
 // diffTable joins the live snapshot of t with its rebuild on the key, in
 // PostgreSQL, and records the rows that differ (without a key: the rows
 // of each side missing from the other, as multisets).
-func diffTable(ctx context.Context, conn *pgx.Conn, s *scratch, t string, key, cols []string, streams bool, rep *driftReport) error {
+//
+// shared says t has rows several streams write non-commutatively, stored
+// by store: only then does the diff join them.
+func diffTable(ctx context.Context, conn *pgx.Conn, s *scratch, t string, key, cols []string, streams, shared bool, rep *driftReport) error {
 	if rep.drift == nil {
 		rep.drift, rep.orderDep, rep.undecidable, rep.keys = map[string]int{}, map[string]int{}, map[string]int{}, map[string][]string{}
 	}
@@ -658,16 +793,22 @@ UNION ALL SELECT 'missing', NULL::jsonb, to_jsonb(e), false FROM (SELECT %[1]s F
 		}
 		// A shared row (o) differs legitimately unless its presence or a
 		// column's value is one no writing stream's last write leaves.
-		presence, bad, undecided := sharedChecks(s, t, key, cols)
+		isShared, presence, bad, undecided, undecidable := "false", "false", "ARRAY[]::text[]", "ARRAY[]::text[]", "NULL::jsonb"
+		join := ""
+		if shared {
+			presence, bad, undecided = sharedChecks(s, t, key, cols)
+			isShared, undecidable = fmt.Sprintf("o.%s IS NOT NULL", k0), "o.pgscribe_undecidable"
+			join = fmt.Sprintf(" LEFT JOIN %s o ON %s", keyTable(s, "pgscribe_orderdep__", t), strings.Join(od, " AND "))
+		}
 		q = fmt.Sprintf(`SELECT CASE WHEN l.%[1]s IS NULL THEN 'missing' WHEN e.%[1]s IS NULL THEN 'extra' ELSE 'different' END,
   CASE WHEN l.%[1]s IS NULL THEN NULL ELSE to_jsonb(l) END, CASE WHEN e.%[1]s IS NULL THEN NULL ELSE to_jsonb(e) END,
-  o.%[1]s IS NOT NULL, coalesce(%[11]s, false), %[12]s, %[13]s, o.pgscribe_undecidable
-FROM %[4]s l FULL JOIN %[5]s e ON %[6]s LEFT JOIN %[2]s o ON %[3]s
+  %[2]s, coalesce(%[11]s, false), %[12]s, %[13]s, %[3]s
+FROM %[4]s l FULL JOIN %[5]s e ON %[6]s%[14]s
 WHERE (l.%[1]s IS NULL OR e.%[1]s IS NULL OR (%[7]s) IS DISTINCT FROM (%[8]s))%[9]s
 ORDER BY %[10]s`,
-			k0, keyTable(s, "pgscribe_orderdep__", t), strings.Join(od, " AND "), live, rebuilt,
+			k0, isShared, undecidable, live, rebuilt,
 			strings.Join(on, " AND "), strings.Join(lc, ", "), strings.Join(ec, ", "), where, strings.Join(order, ", "),
-			presence, bad, undecided)
+			presence, bad, undecided, join)
 	}
 	rows, err := conn.Query(ctx, q)
 	if err != nil {

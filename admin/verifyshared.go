@@ -202,7 +202,13 @@ func storeShared(ctx context.Context, conn *pgx.Conn, s *scratch, t string, key,
 	if err := insertJSON(ctx, conn, od, t, ods); err != nil {
 		return err
 	}
-	return insertJSON(ctx, conn, cand, t, cands)
+	if err := insertJSON(ctx, conn, cand, t, cands); err != nil {
+		return err
+	}
+	if _, err := conn.Exec(ctx, "ANALYZE "+od+", "+cand); err != nil {
+		return fmt.Errorf("analyze shared-row tables of %s: %w", t, err)
+	}
+	return nil
 }
 
 // insertJSON inserts objs into table ident, in chunks, each object's

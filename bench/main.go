@@ -49,6 +49,8 @@ type options struct {
 	w7Rules                      bool
 	w7Poison                     int64
 	w7SlowMS                     float64
+	w8Events                     []int64
+	w8Poison                     int64
 	rss5M, profile, refs         bool
 	statements                   bool
 	pgMode                       string
@@ -58,7 +60,11 @@ type options struct {
 	baseline                     string
 }
 
-var allWorkloads = []string{"W1", "W2", "W3", "W4", "W5", "W6", "W7", "W4P"}
+var allWorkloads = []string{"W1", "W2", "W3", "W4", "W5", "W6", "W7", "W4P", "W8"}
+
+// defaultWorkloads run without -workloads: W8 (verify at 1M and 5M events,
+// about a quarter of an hour more) only when asked for.
+var defaultWorkloads = allWorkloads[:len(allWorkloads)-1]
 
 // presentationFlags may be set without making a run "quick": they do not
 // change what is measured.
@@ -86,7 +92,7 @@ func parseFlags(args []string) (options, error) {
 	fs.StringVar(&o.bin, "bin", "bin/pgscribe", "pgscribe binary to run")
 	fs.StringVar(&o.configPath, "config", "config.toml.example", "configuration whose projections the workloads run")
 	fs.StringVar(&o.schemaPath, "schema", "examples/demo/schema.sql", "read-model tables of those projections")
-	workloads := fs.String("workloads", strings.Join(allWorkloads, ","), "workloads to run, comma separated (W1…W7, W4P)")
+	workloads := fs.String("workloads", strings.Join(defaultWorkloads, ","), "workloads to run, comma separated (W1…W8, W4P)")
 	fs.Float64Var(&o.scale, "scale", 1, "multiplies event counts, the loop slice and W4 durations (0.1 = smoke run)")
 	fs.Int64Var(&o.events, "events", 1_000_000, "events of the backfill and catch-up workloads (before -scale)")
 	fs.Int64Var(&o.streams, "streams", 10_000, "streams (accounts) the events spread over")
@@ -108,6 +114,8 @@ func parseFlags(args []string) (options, error) {
 	fs.Int64Var(&o.w7Poison, "w7-poison", 5, "W7: per 1,000 deposits and withdrawals appended for the catch-up, how many carry a reference too long for the read models' varchar(40) (commit-time poison, dead-lettered by every projection)")
 	fs.BoolVar(&o.w7Rules, "w7-rules", true, "W7: for each N > 1 in -w7-live, also one projection with N rules, one into each of the N tables: all N written in one transaction per batch, the reference for what N projections' own transactions cost")
 	fs.Float64Var(&o.w7SlowMS, "w7-slow-ms", 1, "W7: how long the slow projection sleeps in PostgreSQL per event, mean ms (pg_sleep waits whole ms: a fraction is a share of the events, by position, that sleep one ms more)")
+	w8Events := fs.String("w8-events", "1000000,5000000", "W8: sizes of the account workload whose backfill and verify are measured (before -scale)")
+	fs.Int64Var(&o.w8Poison, "w8-poison", 3, "W8: per 1,000 deposits and withdrawals, how many carry a reference too long for acct_balances.last_ref (commit-time poison)")
 	fs.BoolVar(&o.refs, "refs", true, "measure the references: SQL ceiling, per-event loop, W4's decode floor (false: engine only, for quick experiments)")
 	fs.BoolVar(&o.statements, "statements", false, "load pg_stat_statements and report the engine's heaviest statements per workload")
 	fs.BoolVar(&o.rss5M, "rss-5m", false, "also backfill 5M events (before -scale) to compare peak RSS with 1M")
@@ -152,6 +160,13 @@ func parseFlags(args []string) (options, error) {
 	}
 	if o.w7Live, err = positiveInts("w7-live", *w7Live); err != nil {
 		return o, err
+	}
+	for _, f := range strings.Split(*w8Events, ",") {
+		var n int64
+		if _, err := fmt.Sscan(strings.TrimSpace(f), &n); err != nil || n <= 0 {
+			return o, fmt.Errorf("-w8-events: %q is not a positive number of events", f)
+		}
+		o.w8Events = append(o.w8Events, n)
 	}
 	if o.w7Rate <= 0 {
 		return o, fmt.Errorf("-w7-rate must be positive")
@@ -270,6 +285,7 @@ func run(ctx context.Context, o options) error {
 		{"W6", func(ctx context.Context) error { return b.w6(ctx, hist) }},
 		{"W7", b.w7},
 		{"W4P", b.livePoison},
+		{"W8", b.w8},
 	}
 	for _, s := range steps {
 		if !o.has(s.id) {

@@ -61,7 +61,7 @@ func (b *bench) setup(ctx context.Context, id string, targets []target) (*databa
 	if err != nil {
 		return fail(err)
 	}
-	if _, err := db.pool.Exec(ctx, string(ddl)+statsTable+w6Tables+activityRefTable+w7DDL(targets)); err != nil {
+	if _, err := db.pool.Exec(ctx, string(ddl)+statsTable+w6Tables+w8Tables+activityRefTable+w7DDL(targets)); err != nil {
 		return fail(fmt.Errorf("create read models: %w", err))
 	}
 	if b.opts.statements {
