@@ -11,7 +11,7 @@ GO ?= go
 PG_IMAGE ?= postgres:16
 LOCAL_PG_IMAGE ?= pgscribe-postgres:local
 PULL_TIMEOUT ?= 120
-TEST_TIMEOUT ?= 25m
+TEST_TIMEOUT ?= 45m
 # The image pg-image chose, read by `test`; empty when there is no Docker
 # engine (the harness then uses local PostgreSQL binaries).
 PG_IMAGE_FILE := .cache/pg-image
