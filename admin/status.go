@@ -350,13 +350,80 @@ func Status(ctx context.Context, cfg *config.Config) (*StatusReport, error) {
 // its own between two refreshes): target holds the engine tables, source
 // the events table and the slots; pass target twice when they are the
 // same database. It must not run on one connection from two goroutines.
+// It reads the counts (ReadStatusCounts) and then the rest (StatusWith).
 func StatusOn(ctx context.Context, cfg *config.Config, target, source *pgx.Conn) (*StatusReport, error) {
-	c := &conns{target: target, source: source}
-	schema := cfg.Engine.Schema
-	if err := requireMigrated(ctx, c.target, schema); err != nil {
+	if err := requireMigrated(ctx, target, cfg.Engine.Schema); err != nil {
 		return nil, err
 	}
+	counts, err := readStatusCounts(ctx, cfg, target, source)
+	if err != nil {
+		return nil, err
+	}
+	return statusWith(ctx, cfg, target, source, counts, false)
+}
 
+// StatusCounts are the figures of status that count whole tables, and so
+// grow with them: the events table's rows, each version's dead letters and
+// its cursors' totals (applied, skipped, dead-lettered, adopted, parked;
+// the backlog is the events minus these). The console reads them less
+// often than the rest (ReadStatusCounts, then StatusWith at each refresh).
+type StatusCounts struct {
+	At          time.Time // source database clock when counted
+	Events      int64
+	Head        int64 // the events' highest position then (0 when none)
+	DeadLetters map[event.VersionKey]int64
+	Totals      map[event.VersionKey]cursor.Totals
+}
+
+// ReadStatusCounts reads the StatusCounts on connections the caller holds
+// (as StatusOn's).
+func ReadStatusCounts(ctx context.Context, cfg *config.Config, target, source *pgx.Conn) (*StatusCounts, error) {
+	if err := requireMigrated(ctx, target, cfg.Engine.Schema); err != nil {
+		return nil, err
+	}
+	return readStatusCounts(ctx, cfg, target, source)
+}
+
+func readStatusCounts(ctx context.Context, cfg *config.Config, target, source *pgx.Conn) (*StatusCounts, error) {
+	schema := cfg.Engine.Schema
+	n := &StatusCounts{}
+	table := event.Table(cfg.Source.Table).Quoted()
+	if err := source.QueryRow(ctx, "SELECT count(*), coalesce(max(position), 0), now() FROM "+table).Scan(&n.Events, &n.Head, &n.At); err != nil {
+		return nil, fmt.Errorf("count events in %s: %w", table, err)
+	}
+	// One count for every version: a query per version costs 50 visits of
+	// scattered rows where one pass over the index does.
+	var err error
+	if n.DeadLetters, err = deadletter.Counts(ctx, target, schema); err != nil {
+		return nil, err
+	}
+	if n.Totals, err = cursor.AllTotals(ctx, target, schema); err != nil {
+		return nil, err
+	}
+	return n, nil
+}
+
+// StatusWith is StatusOn with counts read earlier (by ReadStatusCounts):
+// everything else — watermarks, leases, halts, pauses, slots, served
+// versions — is read now, a few cheap statements per version. The events,
+// backlog, dead letters, parked and adopted events are the counts'. Since
+// a backlog that old cannot say whether events wait now, the lag also
+// reads the events' highest position now (an index probe): a version has
+// events pending, and a lag (the age of its watermark's commit), while
+// that position is above its watermark's and either the counts found a
+// backlog or events came since they were taken; else its lag is 0.
+func StatusWith(ctx context.Context, cfg *config.Config, target, source *pgx.Conn, counts *StatusCounts) (*StatusReport, error) {
+	if err := requireMigrated(ctx, target, cfg.Engine.Schema); err != nil {
+		return nil, err
+	}
+	return statusWith(ctx, cfg, target, source, counts, true)
+}
+
+// statusWith reads all but the counts; byHead judges the lag by the
+// events' highest position (StatusWith) rather than by the backlog.
+func statusWith(ctx context.Context, cfg *config.Config, target, source *pgx.Conn, counts *StatusCounts, byHead bool) (*StatusReport, error) {
+	c := &conns{target: target, source: source}
+	schema := cfg.Engine.Schema
 	rep := &StatusReport{Projections: []ProjectionStatus{}, Unconfigured: []UnconfiguredSlot{}, UnconfiguredMembers: []UnconfiguredMember{}, Served: []Served{}}
 	served, err := loadServed(ctx, c.target, schema)
 	if err != nil {
@@ -371,9 +438,13 @@ func StatusOn(ctx context.Context, cfg *config.Config, target, source *pgx.Conn)
   ELSE pg_current_wal_lsn() END::text, now()`).Scan(&rep.SourceWAL, &rep.CheckedAt); err != nil {
 		return nil, fmt.Errorf("read source WAL position: %w", err)
 	}
-	table := event.Table(cfg.Source.Table).Quoted()
-	if err := c.source.QueryRow(ctx, "SELECT count(*) FROM "+table).Scan(&rep.Events); err != nil {
-		return nil, fmt.Errorf("count events in %s: %w", table, err)
+	rep.Events = counts.Events
+	var head int64
+	if byHead {
+		table := event.Table(cfg.Source.Table).Quoted()
+		if err := c.source.QueryRow(ctx, "SELECT coalesce(max(position), 0) FROM "+table).Scan(&head); err != nil {
+			return nil, fmt.Errorf("read the highest position of %s: %w", table, err)
+		}
 	}
 	// A version that joined its group's stream streams from the group's
 	// slot (its watermark is recorded there); any other from its own.
@@ -402,18 +473,7 @@ func StatusOn(ctx context.Context, cfg *config.Config, target, source *pgx.Conn)
 	if rep.UnconfiguredMembers, err = unconfiguredMembers(ctx, c.target, schema, cfg.Source.SlotPrefix, cfg); err != nil {
 		return nil, err
 	}
-
-	// One count for every version: a query per version costs 50 visits of
-	// scattered rows where one pass over the index does.
-	deadLetters, err := deadletter.Counts(ctx, c.target, schema)
-	if err != nil {
-		return nil, err
-	}
 	holders, err := leader.AdvisoryHolders(ctx, c.target)
-	if err != nil {
-		return nil, err
-	}
-	allTotals, err := cursor.AllTotals(ctx, c.target, schema)
 	if err != nil {
 		return nil, err
 	}
@@ -430,7 +490,7 @@ func StatusOn(ctx context.Context, cfg *config.Config, target, source *pgx.Conn)
 		}
 		key := event.VersionKey{Projection: spec.Name, Version: spec.Version}
 		wm, haveWM := wms[i], haveWMs[i]
-		totals := allTotals[key]
+		totals := counts.Totals[key]
 		ls, haveLease, err := leader.Load(ctx, c.target, schema, spec.Name, spec.Version)
 		if err != nil {
 			return nil, err
@@ -472,11 +532,15 @@ func StatusOn(ctx context.Context, cfg *config.Config, target, source *pgx.Conn)
 			}
 			ps.Watermark = w
 		}
-		ps.DeadLetters = deadLetters[key]
+		ps.DeadLetters = counts.DeadLetters[key]
 		ps.ParkedEvents, ps.ParkedStreams = totals.Parked, totals.ParkedStreams
 		ps.BacklogEvents = max(rep.Events-totals.Accounted(), 0)
 		ps.AdoptedEvents = totals.Adopted
-		ps.LagSeconds = lagSeconds(ps.State, ps.BacklogEvents, wm.CommitTime, rep.CheckedAt)
+		pending := ps.BacklogEvents > 0
+		if byHead {
+			pending = pendingNow(ps.BacklogEvents, wm.Position, counts.Head, head)
+		}
+		ps.LagSeconds = lagSeconds(ps.State, pending, wm.CommitTime, rep.CheckedAt)
 		if ps.State == engine.StateBackfilling || ps.State == engine.StatePaused && (!haveWM || wm.Phase != cursor.PhaseLive) {
 			var started time.Time
 			if haveLease {
@@ -566,14 +630,23 @@ func loadControls(ctx context.Context, q event.Querier, schema, projection strin
 	return st, n, err
 }
 
+// pendingNow says whether a version has events pending now, from counts
+// taken earlier (its backlog then, the events' highest position then) and
+// the highest position now against its watermark's: the counts' backlog
+// is gone once the watermark reached the highest position, and events
+// that came since are pending until it does.
+func pendingNow(countedBacklog, watermark, countedHead, head int64) bool {
+	return watermark < head && (countedBacklog > 0 || head > countedHead)
+}
+
 // lagSeconds is 0 when nothing is pending, the age of the watermark's commit
 // when events are, and unknown while backfilling or without a commit time.
-func lagSeconds(state engine.State, backlog int64, commit, now time.Time) *float64 {
+func lagSeconds(state engine.State, pending bool, commit, now time.Time) *float64 {
 	var s float64
 	switch {
 	case state == engine.StateBackfilling:
 		return nil
-	case backlog == 0:
+	case !pending:
 	case commit.IsZero():
 		return nil
 	default:

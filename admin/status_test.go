@@ -52,11 +52,34 @@ func TestLagSeconds(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			got := lagSeconds(tt.state, tt.backlog, tt.commit, now)
+			got := lagSeconds(tt.state, tt.backlog > 0, tt.commit, now)
 			switch {
 			case got == nil && tt.want == nil:
 			case got == nil || tt.want == nil || *got != *tt.want:
 				t.Errorf("lagSeconds = %v, want %v", deref(got), deref(tt.want))
+			}
+		})
+	}
+}
+
+func TestPendingNow(t *testing.T) {
+	tests := []struct {
+		name                                  string
+		backlog, watermark, countedHead, head int64
+		want                                  bool
+	}{
+		{name: "counted caught up, nothing since", watermark: 100, countedHead: 100, head: 100},
+		{name: "counted caught up, events since", watermark: 100, countedHead: 100, head: 105, want: true},
+		{name: "counted caught up, events since applied", watermark: 105, countedHead: 100, head: 105},
+		{name: "counted behind, still behind", backlog: 7, watermark: 90, countedHead: 100, head: 100, want: true},
+		{name: "counted behind, caught up since", backlog: 7, watermark: 100, countedHead: 100, head: 100},
+		{name: "counted behind, never saw an event since backfill", backlog: 7, countedHead: 100, head: 100, want: true},
+		{name: "empty table", want: false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if got := pendingNow(tt.backlog, tt.watermark, tt.countedHead, tt.head); got != tt.want {
+				t.Errorf("pendingNow = %v, want %v", got, tt.want)
 			}
 		})
 	}
