@@ -281,10 +281,7 @@ func (s *Server) act(w http.ResponseWriter, r *http.Request) {
 	} else {
 		s.log.Info("console action", append(attrs, "output", strings.TrimSpace(d.Output))...)
 	}
-	// The next page view shows the action's effect.
-	select {
-	case s.sampler.wake <- struct{}{}:
-	default:
-	}
+	// The next page view shows the action's effect, counts included.
+	s.sampler.refresh()
 	s.render(w, status, "result", d)
 }

@@ -35,6 +35,11 @@ type Options struct {
 	// reading at all; then it reads nothing until the next view (which
 	// waits for a fresh reading). Default 10m.
 	Sleep time.Duration
+	// Counts is how often a reading also counts the events, each version's
+	// dead letters and its cursors' totals (the backlog), which grow with
+	// the tables; the readings between reuse the last counts. Default 30s;
+	// the first reading and the one after an action always count.
+	Counts time.Duration
 	// History is how many samples each version keeps; default 180 (six
 	// minutes at 2s).
 	History int
@@ -52,6 +57,9 @@ func (o Options) withDefaults() Options {
 	}
 	if o.Sleep <= 0 {
 		o.Sleep = 10 * time.Minute
+	}
+	if o.Counts <= 0 {
+		o.Counts = 30 * time.Second
 	}
 	if o.History <= 0 {
 		o.History = 180

@@ -179,9 +179,44 @@ func TestSparkline(t *testing.T) {
 	if strings.Contains(got, `a"<b`) {
 		t.Errorf("label not escaped: %s", got)
 	}
-	rates := rateValues([]point{{At: time.Unix(0, 0), Accounted: 0}, {At: time.Unix(2, 0), Accounted: 10}})
-	if len(rates) != 1 || rates[0] != 5 {
+	// Between two counts the backlog and the accounted events are the
+	// last count's: only the points that counted make the series.
+	pts := []point{{At: time.Unix(0, 0), Accounted: 0, Counted: true}, {At: time.Unix(1, 0), Accounted: 0},
+		{At: time.Unix(2, 0), Accounted: 10, Backlog: 3, Counted: true}, {At: time.Unix(3, 0), Accounted: 10, Backlog: 3}}
+	if rates := rateValues(pts); len(rates) != 1 || rates[0] != 5 {
 		t.Errorf("rateValues = %v, want [5]", rates)
+	}
+	if backlog := backlogValues(pts); len(backlog) != 2 || backlog[1] != 3 {
+		t.Errorf("backlogValues = %v, want [0 3]", backlog)
+	}
+	if lags := lagValues(pts); len(lags) != 4 {
+		t.Errorf("lagValues = %v, want one per sample", lags)
+	}
+}
+
+// TestCountsDue: the counts are read at the first reading, after an
+// action, and then every Options.Counts (later when counting took long).
+func TestCountsDue(t *testing.T) {
+	s := newTestServer(t, config.Metrics{Console: true})
+	sm := s.sampler
+	now := time.Now()
+	if !sm.countsDue(now) {
+		t.Error("no counts yet: not due")
+	}
+	sm.counts, sm.counted = &admin.StatusCounts{}, now
+	if sm.countsDue(now.Add(2 * time.Second)) {
+		t.Error("due 2s after the last counts (Counts is 30s)")
+	}
+	if !sm.countsDue(now.Add(30 * time.Second)) {
+		t.Error("not due 30s after the last counts")
+	}
+	sm.last.CountsTook = 2 * time.Second
+	if sm.countsDue(now.Add(30 * time.Second)) {
+		t.Error("due 30s after counts that took 2s: they would keep the database busy 1/15 of the time")
+	}
+	sm.refresh()
+	if !sm.countsDue(now.Add(time.Second)) {
+		t.Error("not due after an action")
 	}
 }
 

@@ -19,7 +19,8 @@ import (
 // page is what every page's layout needs.
 type page struct {
 	Title       string
-	Refresh     int // live refresh interval in ms; 0 for a page that is not live
+	Refresh     int    // live refresh interval in ms; 0 for a page that is not live
+	CountsEvery string // Options.Counts, for people
 	Sample      sample
 	Actions     bool // actions are configured
 	TokenNeeded bool // the forms ask for the token (no trusted header on this request)
@@ -54,7 +55,7 @@ func (s *Server) basePage(r *http.Request, title string, smp sample) page {
 	if h := s.cfg.Metrics.ConsoleAuthHeader; h != "" {
 		user = r.Header.Get(h)
 	}
-	return page{Title: title, Refresh: int(s.opts.Interval / time.Millisecond), Sample: smp,
+	return page{Title: title, Refresh: int(s.opts.Interval / time.Millisecond), Sample: smp, CountsEvery: s.opts.Counts.String(),
 		Actions: s.actionsEnabled(), TokenNeeded: user == "" && s.cfg.Metrics.ConsoleToken != "",
 		User: user, CSRF: s.csrf, Node: s.cfg.Engine.Node}
 }
@@ -112,7 +113,8 @@ func (s *Server) overview(w http.ResponseWriter, r *http.Request) {
 	s.render(w, http.StatusOK, "overview", d)
 }
 
-// statusJSON serves the latest reading as `pgscribe status -json` prints it.
+// statusJSON serves the latest reading as `pgscribe status -json` prints it,
+// with its counts as of the X-Pgscribe-Counts-As-Of header.
 func (s *Server) statusJSON(w http.ResponseWriter, r *http.Request) {
 	smp := s.sampler.current(r.Context())
 	if smp.Report == nil {
@@ -124,6 +126,9 @@ func (s *Server) statusJSON(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	w.Header().Set("Content-Type", "application/json")
+	// The counts (events, backlog, dead letters, parked and adopted
+	// events) are older than the rest of the reading: when they were taken.
+	w.Header().Set("X-Pgscribe-Counts-As-Of", smp.CountsAt.UTC().Format(time.RFC3339Nano))
 	_ = json.NewEncoder(w).Encode(smp.Report)
 }
 

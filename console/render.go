@@ -151,8 +151,9 @@ func drawLine(values []float64, label, class string, w, h float64) template.HTML
 }
 
 // lagValues, backlogValues and rateValues turn a history into the series
-// of the sparklines: lag in seconds (unknown counts as 0), backlog in
-// events, throughput in events per second between two samples.
+// of the sparklines: lag in seconds (unknown counts as 0), of every
+// sample; backlog in events and throughput in events per second between
+// two counts, of the samples that counted (every Options.Counts).
 func lagValues(pts []point) []float64 {
 	out := make([]float64, len(pts))
 	for i, p := range pts {
@@ -164,6 +165,7 @@ func lagValues(pts []point) []float64 {
 }
 
 func backlogValues(pts []point) []float64 {
+	pts = counted(pts)
 	out := make([]float64, len(pts))
 	for i, p := range pts {
 		out[i] = float64(p.Backlog)
@@ -171,7 +173,19 @@ func backlogValues(pts []point) []float64 {
 	return out
 }
 
+// counted keeps the points of the samples that counted.
+func counted(pts []point) []point {
+	out := make([]point, 0, len(pts))
+	for _, p := range pts {
+		if p.Counted {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
 func rateValues(pts []point) []float64 {
+	pts = counted(pts)
 	if len(pts) < 2 {
 		return nil
 	}

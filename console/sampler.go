@@ -15,6 +15,21 @@ type sample struct {
 	Took   time.Duration
 	Report *admin.StatusReport // nil when Err is set and no reading ever worked
 	Err    error
+	// CountsAt is when the report's counts were taken (database clock):
+	// the events, backlogs, dead letters, parked and adopted events are
+	// read every Options.Counts only (admin.StatusCounts), the rest at
+	// every reading. CountsTook is what reading them took.
+	CountsAt   time.Time
+	CountsTook time.Duration
+}
+
+// CountsAge is how much older the counts are than the rest of the
+// reading (both on the database clock), for people: "0s", "24s".
+func (s sample) CountsAge() string {
+	if s.Report == nil || s.CountsAt.IsZero() {
+		return "–"
+	}
+	return admin.FormatSeconds(max(s.Report.CheckedAt.Sub(s.CountsAt).Seconds(), 0))
 }
 
 // point is one version's numbers of one sample, for the sparklines.
@@ -24,6 +39,7 @@ type point struct {
 	HasLag    bool
 	Backlog   int64
 	Accounted int64 // events - backlog: its slope is the throughput
+	Counted   bool  // the reading counted: Backlog and Accounted are new
 }
 
 // history is a ring of the last points of one version.
@@ -60,7 +76,10 @@ type sampler struct {
 
 	mu       sync.Mutex
 	last     sample
-	fresh    chan struct{} // closed and replaced after each reading
+	counts   *admin.StatusCounts // the last counts, reused until due
+	counted  time.Time           // local clock, when counts were read
+	recount  bool                // read the counts at the next reading (after an action)
+	fresh    chan struct{}       // closed and replaced after each reading
 	viewed   time.Time
 	hist     map[string]*history
 	readings int64
@@ -113,10 +132,15 @@ func (sm *sampler) run(ctx context.Context) {
 	}
 }
 
-// read takes one reading of the status on pooled connections.
+// read takes one reading of the status on pooled connections: the
+// counts too when they are due (countsDue).
 func (sm *sampler) read(ctx context.Context) {
 	start := time.Now()
-	rep, err := sm.status(ctx)
+	sm.mu.Lock()
+	counts, recount := sm.counts, sm.countsDue(start)
+	sm.recount = false
+	sm.mu.Unlock()
+	rep, counts, countsTook, err := sm.status(ctx, counts, recount)
 	if ctx.Err() != nil {
 		return
 	}
@@ -126,9 +150,17 @@ func (sm *sampler) read(ctx context.Context) {
 	sm.readings++
 	if err != nil {
 		sm.last.Err, sm.last.At, sm.last.Took = err, now, now.Sub(start)
+		if recount {
+			sm.recount = true // try again at the next reading
+		}
 		sm.s.log.Warn("console: status", "err", err)
 	} else {
-		sm.last = sample{At: now, Took: now.Sub(start), Report: rep}
+		if recount {
+			sm.counts, sm.counted = counts, start
+		} else {
+			countsTook = sm.last.CountsTook
+		}
+		sm.last = sample{At: now, Took: now.Sub(start), Report: rep, CountsAt: counts.At, CountsTook: countsTook}
 		for _, p := range rep.Projections {
 			k := versionKey(p.Projection, p.Version)
 			h := sm.hist[k]
@@ -136,7 +168,7 @@ func (sm *sampler) read(ctx context.Context) {
 				h = &history{pts: make([]point, 0, sm.opts.History)}
 				sm.hist[k] = h
 			}
-			pt := point{At: now, Backlog: p.BacklogEvents, Accounted: rep.Events - p.BacklogEvents}
+			pt := point{At: now, Backlog: p.BacklogEvents, Accounted: rep.Events - p.BacklogEvents, Counted: recount}
 			if p.LagSeconds != nil {
 				pt.Lag, pt.HasLag = *p.LagSeconds, true
 			}
@@ -147,22 +179,52 @@ func (sm *sampler) read(ctx context.Context) {
 	sm.fresh = make(chan struct{})
 }
 
-func (sm *sampler) status(ctx context.Context) (*admin.StatusReport, error) {
+// countsDue says whether a reading at now must read the counts too: there
+// are none yet, an action asked, or they are Options.Counts old (and, when
+// counting takes long, paceFactor times what it took). Called with mu held.
+func (sm *sampler) countsDue(now time.Time) bool {
+	return sm.counts == nil || sm.recount || now.Sub(sm.counted) >= max(sm.opts.Counts, paceFactor*sm.last.CountsTook)
+}
+
+// status reads the status, with new counts when recount is set (it returns
+// them and what they took), else with counts.
+func (sm *sampler) status(ctx context.Context, counts *admin.StatusCounts, recount bool) (*admin.StatusReport, *admin.StatusCounts, time.Duration, error) {
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
 	target, err := sm.s.target.Acquire(ctx)
 	if err != nil {
-		return nil, fmt.Errorf("connect target: %w", err)
+		return nil, nil, 0, fmt.Errorf("connect target: %w", err)
 	}
 	defer target.Release()
 	source := target
 	if sm.s.source != sm.s.target {
 		if source, err = sm.s.source.Acquire(ctx); err != nil {
-			return nil, fmt.Errorf("connect source: %w", err)
+			return nil, nil, 0, fmt.Errorf("connect source: %w", err)
 		}
 		defer source.Release()
 	}
-	return admin.StatusOn(ctx, sm.s.cfg, target.Conn(), source.Conn())
+	var took time.Duration
+	if recount {
+		start := time.Now()
+		if counts, err = admin.ReadStatusCounts(ctx, sm.s.cfg, target.Conn(), source.Conn()); err != nil {
+			return nil, nil, 0, err
+		}
+		took = time.Since(start)
+	}
+	rep, err := admin.StatusWith(ctx, sm.s.cfg, target.Conn(), source.Conn(), counts)
+	return rep, counts, took, err
+}
+
+// refresh asks for a reading now, with new counts: an action changed what
+// they count.
+func (sm *sampler) refresh() {
+	sm.mu.Lock()
+	sm.recount = true
+	sm.mu.Unlock()
+	select {
+	case sm.wake <- struct{}{}:
+	default:
+	}
 }
 
 // current returns the latest reading for a page view. A view makes the
