@@ -10,9 +10,13 @@
 // versions. Then, side by side:
 //
 //   - `pgscribe status -json`, the binary, wall time per run;
-//   - one console reading (admin.StatusOn on held connections, what the
-//     sampler runs every 2 s while a page is viewed): wall time, and the
-//     database's own time for it (planning + execution, pg_stat_statements);
+//   - one full reading (admin.StatusOn on held connections, what status
+//     reads): wall time, and the database's own time for it (planning +
+//     execution, pg_stat_statements);
+//   - the console's two parts of it: the counts (admin.ReadStatusCounts,
+//     which the sampler reads at most every 30 s) and a refresh with the
+//     counts reused (admin.StatusWith, every 2 s while a page is viewed),
+//     and their average per 2 s refresh;
 //   - the overview page (GET / on console.Server, the latest reading
 //     rendered): wall time, size, and the statements and time it cost the
 //     database (pg_stat_statements, as for the others);
@@ -157,20 +161,52 @@ FROM generate_series(0, $3::int - 1) d JOIN events e ON e.position = 1 + d % $2:
 	if _, err := admin.StatusOn(ctx, cfg, held, held); err != nil { // warm
 		return err
 	}
-	reading := make([]time.Duration, 0, runs)
-	dbReading, err := dbTime(ctx, conn, runs, func() error {
-		start := time.Now()
-		rep, err := admin.StatusOn(ctx, cfg, held, held)
+	// measure runs fn runs times: wall time of each, database time per run.
+	measure := func(fn func() error) ([]time.Duration, dbStat, error) {
+		wall := make([]time.Duration, 0, runs)
+		db, err := dbTime(ctx, conn, runs, func() error {
+			start := time.Now()
+			err := fn()
+			wall = append(wall, time.Since(start))
+			return err
+		})
+		return wall, db, err
+	}
+	checked := func(rep *admin.StatusReport, err error) error {
 		if err == nil && len(rep.Projections) != versions {
 			err = fmt.Errorf("status: %d versions, want %d", len(rep.Projections), versions)
 		}
-		reading = append(reading, time.Since(start))
+		return err
+	}
+	reading, dbReading, err := measure(func() error { return checked(admin.StatusOn(ctx, cfg, held, held)) })
+	if err != nil {
+		return err
+	}
+	add("full reading (admin.StatusOn, held connections: what `pgscribe status` reads)", reading, dbReading.String(), fmt.Sprintf("%d statements", dbReading.calls))
+
+	// The console's two parts: the counts (every 30 s, and at the first
+	// view and after an action) and the rest (every refresh, the counts
+	// reused).
+	counts, err := admin.ReadStatusCounts(ctx, cfg, held, held)
+	if err != nil {
+		return err
+	}
+	countWall, dbCounts, err := measure(func() error {
+		_, err := admin.ReadStatusCounts(ctx, cfg, held, held)
 		return err
 	})
 	if err != nil {
 		return err
 	}
-	add("console reading (admin.StatusOn, held connections)", reading, dbReading.String(), fmt.Sprintf("%d statements", dbReading.calls))
+	add("console counts (admin.ReadStatusCounts: at most every 30 s)", countWall, dbCounts.String(), fmt.Sprintf("%d statements", dbCounts.calls))
+	refresh, dbRefresh, err := measure(func() error { return checked(admin.StatusWith(ctx, cfg, held, held, counts)) })
+	if err != nil {
+		return err
+	}
+	add("console refresh (admin.StatusWith, the counts reused: every 2 s while viewed)", refresh, dbRefresh.String(), fmt.Sprintf("%d statements", dbRefresh.calls))
+	// Every 2 s, the counts once in 15 refreshes.
+	avg := dbRefresh.perRun + dbCounts.perRun/15
+	rows = append(rows, []string{"console, per 2 s refresh on average (refresh + counts / 15)", "–", "–", "**" + ms(avg) + "**", "what a viewed console costs the database"})
 	if os.Getenv("CONSOLEBENCH_TOP") != "" {
 		rows, _ := conn.Query(ctx, `SELECT calls, round((total_plan_time + total_exec_time)::numeric, 1), left(regexp_replace(query, '\s+', ' ', 'g'), 110)
 FROM pg_stat_statements WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database()) ORDER BY 2 DESC LIMIT 8`)
