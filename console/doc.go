@@ -11,7 +11,10 @@
 // for Sleep after the last view, then not until the next view; never
 // sooner than 20 times the last reading's duration) on pooled connections, and keeps History samples per version
 // for the sparklines; a page view renders the latest sample and costs the
-// database nothing. Version pages read dead letters on demand, one page of
+// database nothing. The counts among it (events, backlogs, dead letters,
+// parked events: admin.StatusCounts, full passes over growing tables) are
+// read every Counts only, at the first reading and after an action, and
+// reused between; the page says how old they are. Version pages read dead letters on demand, one page of
 // them at a time.
 //
 // The HTML is rendered on the server (html/template, so event data is
