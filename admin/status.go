@@ -3,6 +3,7 @@ package admin
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"maps"
@@ -413,6 +414,9 @@ func readStatusCounts(ctx context.Context, cfg *config.Config, target, source *p
 // that position is above its watermark's and either the counts found a
 // backlog or events came since they were taken; else its lag is 0.
 func StatusWith(ctx context.Context, cfg *config.Config, target, source *pgx.Conn, counts *StatusCounts) (*StatusReport, error) {
+	if counts == nil {
+		return nil, errors.New("status: no counts read")
+	}
 	if err := requireMigrated(ctx, target, cfg.Engine.Schema); err != nil {
 		return nil, err
 	}

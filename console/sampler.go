@@ -107,9 +107,10 @@ func (sm *sampler) run(ctx context.Context) {
 		if time.Since(sm.viewed) < time.Minute {
 			interval = sm.opts.Interval
 		}
-		// A reading that takes long (a large events table: status counts
-		// it) spaces the next ones out, so that the console never keeps
-		// the databases busy more than 1/paceFactor of the time.
+		// A reading that takes long (one that counted a large table, or
+		// many versions) spaces the next ones out, so that the console
+		// never keeps the databases busy more than 1/paceFactor of the
+		// time; the counts are paced on their own too (countsDue).
 		interval = max(interval, paceFactor*sm.last.Took)
 		// Every node runs a console by default: unwatched, it must cost
 		// the databases nothing.
