@@ -98,6 +98,25 @@ func TestOverviewServesWithoutDatabase(t *testing.T) {
 	}
 }
 
+// TestOverviewSaysCountsAge: the page says when the counts were taken and
+// how much older they are than the rest of the reading.
+func TestOverviewSaysCountsAge(t *testing.T) {
+	s := newTestServer(t, config.Metrics{Console: true})
+	at := time.Date(2026, 12, 3, 0, 10, 0, 0, time.UTC)
+	s.sampler.mu.Lock()
+	s.sampler.last = sample{At: time.Now(), Report: &admin.StatusReport{CheckedAt: at, Events: 1234},
+		CountsAt: at.Add(-24 * time.Second), CountsTook: 50 * time.Millisecond}
+	s.sampler.mu.Unlock()
+	rec := httptest.NewRecorder()
+	s.ServeHTTP(rec, httptest.NewRequest("GET", "/", nil))
+	body := rec.Body.String()
+	for _, want := range []string{"counts as of 2026-12-03 00:09:36Z (24s before)", "1234 events", "counted every 30s"} {
+		if !strings.Contains(body, want) {
+			t.Errorf("the overview lacks %q:\n%s", want, body)
+		}
+	}
+}
+
 func TestAuthorize(t *testing.T) {
 	const token = "s3cret-token"
 	tests := []struct {
