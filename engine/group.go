@@ -123,6 +123,15 @@ func (g *group) acquire(ctx context.Context) *leader.Lease {
 			}
 		}
 		l, err := leader.TryAcquire(ctx, g.cfg.TargetURL(), g.cfg.Engine.Schema, groupLockName(g.name), 0, g.cfg.Engine.Node, g.cfg.Engine.LeaseTimeout)
+		if err == nil && halted {
+			// As a projection alone says it (Projection.acquire): every
+			// member halted at the lock says the fault cleared.
+			halted = false
+			for _, p := range g.members {
+				p.log.Info("lock fault cleared: resuming", "stage", stageLock)
+				p.setState(StateStandby)
+			}
+		}
 		if l != nil {
 			return l
 		}
@@ -132,11 +141,6 @@ func (g *group) acquire(ctx context.Context) *leader.Lease {
 			was := halted
 			for _, p := range g.members {
 				halted = p.lockFault(err, was) || halted
-			}
-		case err == nil && halted:
-			halted = false
-			for _, p := range g.members {
-				p.setState(StateStandby)
 			}
 		case err == nil && !logged:
 			g.log.Info("standing by: another node holds the group's lock")
