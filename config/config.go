@@ -83,7 +83,7 @@ type Engine struct {
 	MaxActiveProjections int           // 0 = unlimited
 	// SlowMemberTimeout: a group member that held the others back (the
 	// group's stream waited for its full queue while another's ran low)
-	// for half of a window this long is detached from the group's stream
+	// for a tenth of a window this long is detached from the group's stream
 	// (it catches up on a copy of the group's slot and joins again).
 	// Default 5s.
 	SlowMemberTimeout time.Duration
