@@ -161,8 +161,12 @@ const (
 	stepCut       = "connection-cut"   // the engine's TCP proxy cuts every connection for hold
 	stepPubDrop   = "publication-drop" // DROP PUBLICATION, then pgscribe migrate recreates it
 	stepSlotDrop  = "slot-drop"        // a slot of the deployment dropped by hand
+	stepFreeze    = "sigstop"          // SIGSTOP an engine node, SIGCONT after 2 s + 4 × hold (past lease_timeout: the other node takes over)
+	stepAlter     = "alter-table"      // ALTER TABLE … ADD COLUMN on a read model, DROP COLUMN after hold
 	stepPause     = "pause-resume"     // pgscribe pause, resume after hold
 	stepVerify    = "verify"           // pgscribe verify of a projection
+	stepRetry     = "deadletter-retry" // pgscribe deadletters retry of a projection: its poison fails again
+	stepSkip      = "deadletter-skip"  // pgscribe deadletters skip of a projection's dead letters
 )
 
 // campaignSteps lists every kind with its weight in a schedule.
@@ -170,7 +174,8 @@ var campaignSteps = []struct {
 	kind   string
 	weight int
 }{
-	{stepKill, 3}, {stepPGRestart, 2}, {stepCut, 3}, {stepPubDrop, 2}, {stepSlotDrop, 2}, {stepPause, 2}, {stepVerify, 2},
+	{stepKill, 3}, {stepPGRestart, 2}, {stepCut, 3}, {stepPubDrop, 2}, {stepSlotDrop, 2}, {stepFreeze, 2}, {stepAlter, 1},
+	{stepPause, 2}, {stepVerify, 1}, {stepRetry, 1}, {stepSkip, 1},
 }
 
 // cStep is one step of a schedule: at is its earliest start, from the
@@ -193,6 +198,7 @@ type cPlan struct {
 	seed     uint64
 	duration time.Duration
 	projs    []cProj
+	nodes    int     // engine nodes on the same configuration (1 or 2)
 	writers  int     // concurrent writers
 	streams  int     // streams they share
 	accounts int     // rows of the total part every stream shares
@@ -235,6 +241,7 @@ func newPlan(seed uint64, duration time.Duration) cPlan {
 		}
 		pl.projs = append(pl.projs, p)
 	}
+	pl.nodes = 1 + rng.IntN(2)
 	pl.writers = 1 + rng.IntN(4)
 	pl.streams = 3 + rng.IntN(18)
 	pl.accounts = 2 + rng.IntN(6)
@@ -267,8 +274,8 @@ func newPlan(seed uint64, duration time.Duration) cPlan {
 // String is the plan as a failing run prints it.
 func (pl cPlan) String() string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "seed %d, history %s: %d writers on %d streams (%d shared accounts), backlog %d events, big transactions %.0f%%, idle %.0f%%, poison %.0f%%\n",
-		pl.seed, pl.duration, pl.writers, pl.streams, pl.accounts, pl.backlog, 100*pl.bigTx, 100*pl.idle, 100*pl.poison)
+	fmt.Fprintf(&b, "seed %d, history %s, %d engine node(s): %d writers on %d streams (%d shared accounts), backlog %d events, big transactions %.0f%%, idle %.0f%%, poison %.0f%%\n",
+		pl.seed, pl.duration, pl.nodes, pl.writers, pl.streams, pl.accounts, pl.backlog, 100*pl.bigTx, 100*pl.idle, 100*pl.poison)
 	for _, p := range pl.projs {
 		fmt.Fprintf(&b, "  projection %s: group %s, on %v, parts %v\n", p.name, p.groupName(), p.types, p.parts)
 	}
