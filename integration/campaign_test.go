@@ -27,6 +27,7 @@ package integration
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
@@ -443,6 +444,7 @@ func (c *campaign) step(i int, st cStep) {
 			t.Fatalf("append after the drop: %v", err)
 		}
 		c.visibleHalt("publication dropped")
+		c.statusHalted("publication dropped")
 		migrateAs(t, e, c.direct) // the documented fix: pgscribe migrate recreates it
 		c.note("pgscribe migrate recreated the publication")
 		c.recovered("publication recreated")
@@ -552,6 +554,36 @@ func (c *campaign) visibleHalt(fault string) {
 			return halted && notReady
 		})
 	}
+}
+
+// statusHalted waits until `pgscribe status -json` shows every projection
+// halted with a reason: what an operator reads besides the metrics.
+func (c *campaign) statusHalted(fault string) {
+	c.t.Helper()
+	var why string
+	ok := poll(c.t, haltVisible, "status to show the halts", func(ctx context.Context) (bool, error) {
+		out, err := cliCommand(ctx, pgscribeBinary(c.t), "status", "-json", "-config", c.e.config).Output()
+		var st sourceStatus
+		if err == nil {
+			err = json.Unmarshal(out, &st)
+		}
+		if err != nil {
+			why = fmt.Sprintf("status -json: %v: %s", err, out)
+			return false, nil
+		}
+		for _, p := range c.pl.projs {
+			i := slices.IndexFunc(st.Projections, func(s sourceStatusProjection) bool { return s.Projection == p.name })
+			if i < 0 || st.Projections[i].State != "halted" || st.Projections[i].HaltReason == "" {
+				why = fmt.Sprintf("status -json does not show %s halted with a reason: %s", p.name, out)
+				return false, nil
+			}
+		}
+		return true, nil
+	}, c.broken)
+	if !ok {
+		c.violation("every fault visible or recovered", "%s: %s", fault, why)
+	}
+	c.note("%s: pgscribe status shows every projection halted, with its reason", fault)
 }
 
 // recovered: once the cause of a halt is gone, every projection resumes
