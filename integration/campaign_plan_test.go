@@ -85,12 +85,12 @@ func (p cProj) ddl() string {
 			fmt.Fprintf(&b, "CREATE TABLE %s_%s (%s);\n", p.name, part, cols)
 		}
 	}
-	table(partRows, `event_id uuid PRIMARY KEY, stream_id text NOT NULL, stream_position bigint NOT NULL, v bigint`)
+	table(partRows, `event_id text PRIMARY KEY, stream_id text NOT NULL, stream_position bigint NOT NULL, v bigint`)
 	table(partSeen, `stream_id text, stream_position bigint, PRIMARY KEY (stream_id, stream_position)`)
 	table(partTrail, `stream_id text PRIMARY KEY, positions bigint[] NOT NULL`)
 	table(partTotal, `acct text PRIMARY KEY, total bigint NOT NULL, n bigint NOT NULL`)
-	table(partNote, `event_id uuid PRIMARY KEY, name varchar(8)`)
-	table(partCheck, `event_id uuid PRIMARY KEY, q int CHECK (q >= 0)`)
+	table(partNote, `event_id text PRIMARY KEY, name varchar(8)`)
+	table(partCheck, `event_id text PRIMARY KEY, q int CHECK (q >= 0)`)
 	return b.String()
 }
 
@@ -139,7 +139,7 @@ func (p cProj) want() [][3]string {
 			out = append(out, [3]string{p.name + "_" + part, got, want})
 		}
 	}
-	add(partRows, `SELECT event_id::text, stream_id, stream_position, v FROM `+p.name+`_rows`,
+	add(partRows, `SELECT event_id, stream_id, stream_position, v FROM `+p.name+`_rows`,
 		`SELECT id::text, stream_id, stream_position, (data->>'v')::bigint FROM events WHERE `+kept)
 	add(partSeen, `SELECT stream_id, stream_position FROM `+p.name+`_seen`,
 		`SELECT stream_id, stream_position FROM events WHERE `+kept)
@@ -147,9 +147,9 @@ func (p cProj) want() [][3]string {
 		`SELECT stream_id, array_agg(stream_position ORDER BY stream_position) FROM events WHERE `+kept+` GROUP BY stream_id`)
 	add(partTotal, `SELECT acct, total::numeric, n FROM `+p.name+`_total`,
 		`SELECT data->>'acct', sum((data->>'amount')::numeric), count(*) FROM events WHERE `+kept+` GROUP BY 1`)
-	add(partNote, `SELECT event_id::text, name::text FROM `+p.name+`_note`,
+	add(partNote, `SELECT event_id, name::text FROM `+p.name+`_note`,
 		`SELECT id::text, data->>'name' FROM events WHERE `+kept)
-	add(partCheck, `SELECT event_id::text, q FROM `+p.name+`_check`,
+	add(partCheck, `SELECT event_id, q FROM `+p.name+`_check`,
 		`SELECT id::text, (data->>'q')::int FROM events WHERE `+kept)
 	return out
 }
@@ -193,11 +193,71 @@ func (s cStep) String() string {
 	return fmt.Sprintf("at %6s %-16s target %d hold %s", s.at.Round(100*time.Millisecond), s.kind, s.target, s.hold.Round(10*time.Millisecond))
 }
 
+// cShape is the events table of a campaign: the reference columns under
+// their own names, of types the source supports (docs/events-table.md),
+// created before `pgscribe migrate -events-table`, which keeps it.
+type cShape struct {
+	id          string // "uuid" or "bigint" (from a sequence)
+	data        string // type of data and metadata: "jsonb" or "json"
+	occurredAt  string // "timestamptz" or "timestamp"
+	partitioned bool   // PARTITION BY HASH (stream_id), 3 partitions
+	first       int    // position of a stream's first event: 0 or 1
+}
+
+func (sh cShape) String() string {
+	part := "plain"
+	if sh.partitioned {
+		part = "hash-partitioned"
+	}
+	return fmt.Sprintf("%s ids, %s, %s, %s, streams from %d", sh.id, sh.data, sh.occurredAt, part, sh.first)
+}
+
+// ddl creates the events table.
+func (sh cShape) ddl() string {
+	id := `uuid NOT NULL DEFAULT gen_random_uuid()`
+	pre := ""
+	if sh.id == "bigint" {
+		pre = "CREATE SEQUENCE events_ids;\n"
+		id = `bigint NOT NULL DEFAULT nextval('events_ids')`
+	}
+	key, part := "PRIMARY KEY (position)", ""
+	if sh.partitioned {
+		key, part = "PRIMARY KEY (position, stream_id)", " PARTITION BY HASH (stream_id)"
+	}
+	ddl := fmt.Sprintf(`%sCREATE TABLE events (
+    position        bigserial,
+    id              %s,
+    stream_id       text        NOT NULL,
+    stream_position bigint      NOT NULL,
+    type            text        NOT NULL,
+    data            %s NOT NULL,
+    metadata        %s NOT NULL DEFAULT '{}',
+    occurred_at     %s NOT NULL DEFAULT now(),
+    %s,
+    UNIQUE (stream_id, stream_position)
+)%s;
+`, pre, id, sh.data, sh.data, sh.occurredAt, key, part)
+	if sh.partitioned {
+		for r := range 3 {
+			ddl += fmt.Sprintf("CREATE TABLE events_%d PARTITION OF events FOR VALUES WITH (MODULUS 3, REMAINDER %d);\n", r, r)
+		}
+	}
+	return ddl
+}
+
+// appendSQL appends one event ($1 stream, $2 type, $3 data as text) at
+// its stream's next position.
+func (sh cShape) appendSQL() string {
+	return fmt.Sprintf(`INSERT INTO events (stream_id, stream_position, type, data)
+SELECT $1::text, coalesce(max(stream_position), %d) + 1, $2, $3::text::%s FROM events WHERE stream_id = $1::text`, sh.first-1, sh.data)
+}
+
 // cPlan is everything a seed decides.
 type cPlan struct {
 	seed     uint64
 	duration time.Duration
 	projs    []cProj
+	shape    cShape  // the events table
 	nodes    int     // engine nodes on the same configuration (1 or 2)
 	writers  int     // concurrent writers
 	streams  int     // streams they share
@@ -268,6 +328,11 @@ func newPlan(seed uint64, duration time.Duration) cPlan {
 			hold: time.Duration(rng.Int64N(int64(3 * time.Second)))})
 		at += 2*time.Second + time.Duration(rng.Int64N(int64(8*time.Second)))
 	}
+	// The events table is drawn from a stream of its own, so that adding
+	// it left the rest of every seed's plan as it was.
+	srng := rand.New(rand.NewPCG(seed, 0x73686170)) // "shap"
+	pl.shape = cShape{id: []string{"uuid", "bigint"}[srng.IntN(2)], data: []string{"jsonb", "json"}[srng.IntN(2)],
+		occurredAt: []string{"timestamptz", "timestamp"}[srng.IntN(2)], partitioned: srng.IntN(2) == 0, first: srng.IntN(2)}
 	return pl
 }
 
@@ -276,6 +341,7 @@ func (pl cPlan) String() string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "seed %d, history %s, %d engine node(s): %d writers on %d streams (%d shared accounts), backlog %d events, big transactions %.0f%%, idle %.0f%%, poison %.0f%%\n",
 		pl.seed, pl.duration, pl.nodes, pl.writers, pl.streams, pl.accounts, pl.backlog, 100*pl.bigTx, 100*pl.idle, 100*pl.poison)
+	fmt.Fprintf(&b, "  events table: %s\n", pl.shape)
 	for _, p := range pl.projs {
 		fmt.Fprintf(&b, "  projection %s: group %s, on %v, parts %v\n", p.name, p.groupName(), p.types, p.parts)
 	}

@@ -264,6 +264,7 @@ func (c *campaign) setup() {
 		cfg.add(p.toml())
 	}
 	cfg.write(t, c.e.config)
+	c.e.exec(t, c.pl.shape.ddl())
 	migrate(t, c.e.config)
 	for _, p := range c.pl.projs {
 		c.e.exec(t, p.ddl())
@@ -327,8 +328,7 @@ func (c *campaign) appendTx(ctx context.Context, db interface {
 	return pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
 		b := &pgx.Batch{}
 		for _, x := range evs {
-			b.Queue(`INSERT INTO events (stream_id, stream_position, type, data)
-SELECT $1::text, coalesce(max(stream_position), 0) + 1, $2, $3::jsonb FROM events WHERE stream_id = $1::text`, x.stream, x.typ, x.data)
+			b.Queue(c.pl.shape.appendSQL(), x.stream, x.typ, x.data)
 		}
 		return tx.SendBatch(ctx, b).Close()
 	})
@@ -621,8 +621,10 @@ func (c *campaign) quietThen(when string, then func()) {
 		case got > events:
 			c.violation("conservation", "%s: %s accounts for %d events, the table has %d", when, p.name, got, events)
 		case !ok:
-			halted, _ := c.halted(p.name)
-			c.violation("every fault recovered or visible", "%s: %s accounts for %d of %d events after %s (halted: %v)", when, p.name, got, events, waitLong, halted)
+			if halted, _ := c.halted(p.name); halted {
+				c.violation("halts end once their cause does", "%s: %s is halted, accounting for %d of %d events after %s", when, p.name, got, events, waitLong)
+			}
+			c.violation("every fault visible or recovered", "%s: %s accounts for %d of %d events after %s, and shows no halt", when, p.name, got, events, waitLong)
 		}
 	}
 	for _, p := range c.pl.projs {
