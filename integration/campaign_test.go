@@ -286,6 +286,27 @@ func (c *campaign) setup() {
 	}
 }
 
+// pickNode is the node a fault strikes: with two nodes, for an even
+// target the one active for the projection the target picks (holding its
+// group's lock), else the other one, the standby — or, while none is
+// active, the node the target names.
+// role says which it is, for the journal.
+func (c *campaign) pickNode(target int) (n *node, role string) {
+	if len(c.nodes) == 1 {
+		return c.nodes[0], "the only node"
+	}
+	p := c.pl.projs[(target/2)%len(c.pl.projs)].name
+	for k, n := range c.nodes {
+		if n.metric("pgscribe_active", projLabels(p)) == 1 {
+			if target%2 == 0 {
+				return n, "active for " + p
+			}
+			return c.nodes[(k+1)%len(c.nodes)], "standby for " + p
+		}
+	}
+	return c.nodes[target%len(c.nodes)], "none active for " + p
+}
+
 // broken says why no node can make progress any more: one exited
 // without being told to.
 func (c *campaign) broken() string {
@@ -403,15 +424,15 @@ func (c *campaign) step(i int, st cStep) {
 	c.mu.Unlock()
 	switch st.kind {
 	case stepKill:
-		n := c.nodes[st.target%len(c.nodes)]
+		n, role := c.pickNode(st.target)
 		n.kill()
-		c.note("killed %s", n.name)
+		c.note("killed %s (%s)", n.name, role)
 		time.Sleep(st.hold)
 		n.start()
 	case stepFreeze:
-		n := c.nodes[st.target%len(c.nodes)]
+		n, role := c.pickNode(st.target)
 		n.signal(syscall.SIGSTOP)
-		c.note("stopped %s", n.name)
+		c.note("stopped %s (%s)", n.name, role)
 		time.Sleep(2*time.Second + 4*st.hold)
 		n.signal(syscall.SIGCONT)
 	case stepPGRestart:
