@@ -159,9 +159,11 @@ type campaign struct {
 
 // note records what the campaign did, for a failing run's report.
 func (c *campaign) note(format string, args ...any) {
+	line := fmt.Sprintf("%8s  ", time.Since(c.start).Round(10*time.Millisecond)) + fmt.Sprintf(format, args...)
+	c.t.Log(line) // as it happens, with -v
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	c.journal = append(c.journal, fmt.Sprintf("%8s  ", time.Since(c.start).Round(10*time.Millisecond))+fmt.Sprintf(format, args...))
+	c.journal = append(c.journal, line)
 }
 
 // violation fails the run: the first violated property.
@@ -178,11 +180,7 @@ func runCampaign(t *testing.T, pl cPlan, skip map[int]bool) {
 	t.Cleanup(func() {
 		c.mu.Lock()
 		defer c.mu.Unlock()
-		if !t.Failed() {
-			t.Logf("campaign seed %d, what it did:\n  %s", pl.seed, strings.Join(c.journal, "\n  "))
-			return
-		}
-		{
+		if t.Failed() {
 			var skipped []string
 			for i := range skip {
 				skipped = append(skipped, fmt.Sprint(i))
@@ -202,6 +200,12 @@ func runCampaign(t *testing.T, pl cPlan, skip map[int]bool) {
 	for i, st := range pl.steps {
 		if skip[i] {
 			c.note("step %d %s skipped", i, st.kind)
+			continue
+		}
+		if time.Since(c.start) >= pl.duration {
+			// Steps wait for the ones before them to recover; those the
+			// history's end overtook do not run.
+			c.note("step %d %s not reached: the history ended", i, st.kind)
 			continue
 		}
 		if d := st.at - time.Since(c.start); d > 0 {
