@@ -16,7 +16,7 @@ TEST_TIMEOUT ?= 45m
 # engine (the harness then uses local PostgreSQL binaries).
 PG_IMAGE_FILE := .cache/pg-image
 
-.PHONY: help build test test-unit vet pg-image demo walkthrough bench clean console-screenshots bench-console
+.PHONY: help build test test-unit vet pg-image demo walkthrough bench clean console-screenshots bench-console campaign
 
 help: ## list the targets
 	@awk 'BEGIN { FS = ":.*## " } /^[a-zA-Z_-]+:.*## / { printf "  %-12s %s\n", $$1, $$2 }' $(MAKEFILE_LIST)
@@ -94,6 +94,19 @@ BENCH_FLAGS ?=
 
 bench: build ## benchmarks against their references on a throwaway PostgreSQL (fsync on); writes bench/RESULTS.md and results.png
 	$(GO) run ./bench -bin bin/pgscribe -go $(GO) $(BENCH_FLAGS)
+
+# The seeded fault campaign (docs/testing.md#the-fault-campaign-make-campaign):
+# SEED empty draws one from the clock; SKIP drops steps of the schedule by
+# number (2,5); CAMPAIGN_FLAGS passes more flags, e.g. -minimise or -dry.
+SEED ?=
+DURATION ?= 60s
+SKIP ?=
+CAMPAIGN_FLAGS ?=
+
+campaign: pg-image ## seeded fault campaign against real PostgreSQL: make campaign SEED=10 DURATION=2m
+	PGSCRIBE_TEST_PG_IMAGE="$${PGSCRIBE_TEST_PG_IMAGE:-$$(cat $(PG_IMAGE_FILE) 2>/dev/null || true)}" \
+		$(GO) run ./internal/tools/campaign -go $(GO) -duration $(DURATION) \
+		$(if $(SEED),-seed $(SEED)) $(if $(SKIP),-skip $(SKIP)) $(CAMPAIGN_FLAGS)
 
 clean: ## remove build outputs and caches
 	rm -rf bin .cache

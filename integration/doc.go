@@ -78,5 +78,8 @@
 // requireOnGroupSlot — the group's slot alone, every member's watermark on
 // it, one walsender; groupNotAhead — guarantee 7 on the slot each member
 // is recorded on; detachedHolds — a paused or halted member holds the
-// group slot's confirmation back).
+// group slot's confirmation back); and the seeded fault campaign
+// (campaign_plan_test.go: a seed's plan — configuration, history,
+// schedule; campaign_test.go: TestCampaign runs it, with one oracle after
+// every step; docs/testing.md, "The fault campaign").
 package integration

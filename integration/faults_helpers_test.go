@@ -228,16 +228,23 @@ func (e *faultEnv) joined(t *testing.T, p *node, mark int, projs ...faultProject
 // intervals so that faults show quickly, metrics on a free port, JSON logs.
 func (e *faultEnv) writeConfig(t *testing.T, retryAttempts int, projs ...faultProjection) {
 	t.Helper()
-	c := newConfig(e.dsn, e.slotPrefix).with("engine", map[string]string{
+	c := faultConfig(e.dsn, e.slotPrefix, retryAttempts)
+	for _, p := range e.withPeers(projs) {
+		c.add(p.toml())
+	}
+	c.write(t, e.config)
+}
+
+// faultConfig is the header of a fault test's configuration, without
+// projections: small batches and short intervals, so that faults show
+// quickly; retryAttempts attempts per batch.
+func faultConfig(dsn, slotPrefix string, retryAttempts int) *config {
+	return newConfig(dsn, slotPrefix).with("engine", map[string]string{
 		"parallelism": "2", "batch_size": "100", "backfill_batch_size": "400", "lag_interval": `"200ms"`,
 		"status_interval": `"1s"`, "standby_poll": `"200ms"`, "lease_timeout": `"10s"`, "shutdown_timeout": `"20s"`,
 	}).with("retry", map[string]string{
 		"max_attempts": fmt.Sprint(retryAttempts), "backoff": `"20ms"`, "max_backoff": `"200ms"`,
 	}).set("log", "level", `"info"`)
-	for _, p := range e.withPeers(projs) {
-		c.add(p.toml())
-	}
-	c.write(t, e.config)
 }
 
 // slot is the replication slot projection version 1 streams from once

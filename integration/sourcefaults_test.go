@@ -90,14 +90,17 @@ func migrateAs(t *testing.T, e *faultEnv, adminDSN string) {
 
 // sourceStatus is the part of `pgscribe status -json` these tests read.
 type sourceStatus struct {
-	Projections []struct {
-		Projection   string   `json:"projection"`
-		State        string   `json:"state"`
-		HaltReason   string   `json:"halt_reason"`
-		HaltStage    string   `json:"halt_stage"`
-		HaltSQLState string   `json:"halt_sqlstate"`
-		Notes        []string `json:"notes"`
-	} `json:"projections"`
+	Projections []sourceStatusProjection `json:"projections"`
+}
+
+// sourceStatusProjection is one projection version of sourceStatus.
+type sourceStatusProjection struct {
+	Projection   string   `json:"projection"`
+	State        string   `json:"state"`
+	HaltReason   string   `json:"halt_reason"`
+	HaltStage    string   `json:"halt_stage"`
+	HaltSQLState string   `json:"halt_sqlstate"`
+	Notes        []string `json:"notes"`
 }
 
 // waitSourceHalt waits (haltVisible at most) until the projection shows

@@ -1,0 +1,420 @@
+package integration
+
+// The seeded fault campaign, part one: the plan (issue 30,
+// docs/testing.md#the-fault-campaign-make-campaign). Everything a campaign
+// does is drawn from one seed here, before anything runs: the
+// configuration (projections, their groups, rules and read models), the
+// shape of the history the writers append, and the schedule of faults and
+// operator actions. The same seed gives the same plan on every machine;
+// campaign_test.go runs it.
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"strings"
+	"time"
+)
+
+// The parts a campaign projection is made of. Each is one rule (and,
+// except fail, one read-model table) whose exact content the oracle
+// computes from the events table alone (cPart.want).
+const (
+	partRows  = "rows"  // insert keyed by event id, set from the event
+	partSeen  = "seen"  // key-only insert (stream id, position)
+	partTrail = "trail" // sql: the stream's positions appended in order
+	partTotal = "total" // upsert with inc on rows every stream shares (accounts)
+	partNote  = "note"  // insert into varchar(8): a long name fails at commit (22001)
+	partCheck = "check" // insert under CHECK (q >= 0): a negative q fails at commit (23514)
+	partFail  = "fail"  // op fail when data.fail: fails at the rule
+)
+
+// campaignParts lists every part; a projection draws a subset.
+var campaignParts = []string{partRows, partSeen, partTrail, partTotal, partNote, partCheck, partFail}
+
+// campaignTypes are the event types the writers append; a projection's
+// rules match a subset.
+var campaignTypes = []string{"A", "B", "C"}
+
+// cProj is one projection of a campaign's configuration.
+type cProj struct {
+	name  string
+	group string // "" = the default group
+	types []string
+	parts []string
+}
+
+func (p cProj) has(part string) bool { return slices.Contains(p.parts, part) }
+
+// groupName is the group the projection is in.
+func (p cProj) groupName() string {
+	if p.group == "" {
+		return "default"
+	}
+	return p.group
+}
+
+// poison is the SQL condition (on the events table) of the events this
+// projection must dead-letter, among those of its types.
+func (p cProj) poison() string {
+	var or []string
+	if p.has(partNote) {
+		or = append(or, `length(data->>'name') > 8`)
+	}
+	if p.has(partCheck) {
+		or = append(or, `(data->>'q')::int < 0`)
+	}
+	if p.has(partFail) {
+		or = append(or, `(data->>'fail')::boolean`)
+	}
+	if len(or) == 0 {
+		return "false"
+	}
+	return "(" + strings.Join(or, " OR ") + ")"
+}
+
+// kept is the SQL condition of the events the projection applies ($1 is
+// its types).
+func (p cProj) kept() string { return `type = ANY($1) AND NOT ` + p.poison() }
+
+// ddl creates the projection's read models.
+func (p cProj) ddl() string {
+	var b strings.Builder
+	table := func(part, cols string) {
+		if p.has(part) {
+			fmt.Fprintf(&b, "CREATE TABLE %s_%s (%s);\n", p.name, part, cols)
+		}
+	}
+	table(partRows, `event_id text PRIMARY KEY, stream_id text NOT NULL, stream_position bigint NOT NULL, v bigint`)
+	table(partSeen, `stream_id text, stream_position bigint, PRIMARY KEY (stream_id, stream_position)`)
+	table(partTrail, `stream_id text PRIMARY KEY, positions bigint[] NOT NULL`)
+	table(partTotal, `acct text PRIMARY KEY, total bigint NOT NULL, n bigint NOT NULL`)
+	table(partNote, `event_id text PRIMARY KEY, name varchar(8)`)
+	table(partCheck, `event_id text PRIMARY KEY, q int CHECK (q >= 0)`)
+	return b.String()
+}
+
+// toml renders the projection's [[projection]] block.
+func (p cProj) toml() string {
+	on := strings.Join(p.types, ",")
+	var rules []rule
+	for _, part := range p.parts {
+		table := p.name + "_" + part
+		switch part {
+		case partRows:
+			rules = append(rules, rule{name: part, on: on, op: "insert", table: table,
+				set: `event_id = "id", stream_id = "stream_id", stream_position = "stream_position", v = "data.v"`})
+		case partSeen:
+			rules = append(rules, rule{name: part, on: on, op: "insert", table: table,
+				key: `stream_id = "stream_id", stream_position = "stream_position"`})
+		case partTrail:
+			rules = append(rules, rule{name: part, on: on, op: "sql", args: `["stream_id", "stream_position"]`,
+				sql: "INSERT INTO " + table + " AS t (stream_id, positions) VALUES ($1, ARRAY[$2::bigint]) ON CONFLICT (stream_id) DO UPDATE SET positions = t.positions || EXCLUDED.positions"})
+		case partTotal:
+			rules = append(rules, rule{name: part, on: on, op: "upsert", table: table,
+				key: `acct = "data.acct"`, inc: `total = "data.amount", n = "1"`})
+		case partNote:
+			rules = append(rules, rule{name: part, on: on, op: "insert", table: table, set: `event_id = "id", name = "data.name"`})
+		case partCheck:
+			rules = append(rules, rule{name: part, on: on, op: "insert", table: table, set: `event_id = "id", q = "data.q"`})
+		case partFail:
+			rules = append(rules, rule{name: part, on: on, when: "data.fail", op: "fail", message: "'refused by the campaign'"})
+		}
+	}
+	var keys []string
+	if p.group != "" {
+		keys = append(keys, fmt.Sprintf("group = %q", p.group))
+	}
+	return projectionKeysTOML(p.name, 1, "dead_letter", keys, rules...)
+}
+
+// want returns, for each read model of the projection, the query of its
+// rows and the query (on the events table, $1 the projection's types) of
+// what they must be.
+func (p cProj) want() [][3]string {
+	var out [][3]string
+	kept := p.kept()
+	add := func(part, got, want string) {
+		if p.has(part) {
+			out = append(out, [3]string{p.name + "_" + part, got, want})
+		}
+	}
+	add(partRows, `SELECT event_id, stream_id, stream_position, v FROM `+p.name+`_rows`,
+		`SELECT id::text, stream_id, stream_position, (data->>'v')::bigint FROM events WHERE `+kept)
+	add(partSeen, `SELECT stream_id, stream_position FROM `+p.name+`_seen`,
+		`SELECT stream_id, stream_position FROM events WHERE `+kept)
+	add(partTrail, `SELECT stream_id, positions FROM `+p.name+`_trail`,
+		`SELECT stream_id, array_agg(stream_position ORDER BY stream_position) FROM events WHERE `+kept+` GROUP BY stream_id`)
+	add(partTotal, `SELECT acct, total::numeric, n FROM `+p.name+`_total`,
+		`SELECT data->>'acct', sum((data->>'amount')::numeric), count(*) FROM events WHERE `+kept+` GROUP BY 1`)
+	add(partNote, `SELECT event_id, name::text FROM `+p.name+`_note`,
+		`SELECT id::text, data->>'name' FROM events WHERE `+kept)
+	add(partCheck, `SELECT event_id, q FROM `+p.name+`_check`,
+		`SELECT id::text, (data->>'q')::int FROM events WHERE `+kept)
+	return out
+}
+
+// The kinds of step a schedule holds: faults, then operator actions.
+const (
+	stepKill      = "kill-9"           // SIGKILL the engine, start it again after hold
+	stepPGRestart = "pg-restart"       // PostgreSQL immediate restart
+	stepCut       = "connection-cut"   // the engine's TCP proxy cuts every connection for hold
+	stepPubDrop   = "publication-drop" // DROP PUBLICATION, then pgscribe migrate recreates it
+	stepSlotDrop  = "slot-drop"        // a slot of the deployment dropped by hand
+	stepFreeze    = "sigstop"          // SIGSTOP an engine node, SIGCONT after 2 s + 4 × hold (past lease_timeout: the other node takes over)
+	stepAlter     = "alter-table"      // ALTER TABLE … ADD COLUMN on a read model, DROP COLUMN after hold
+	stepPause     = "pause-resume"     // pgscribe pause, resume after hold
+	stepVerify    = "verify"           // pgscribe verify of a projection
+	stepRetry     = "deadletter-retry" // pgscribe deadletters retry of a projection: its poison fails again
+	stepSkip      = "deadletter-skip"  // pgscribe deadletters skip of a projection's dead letters
+)
+
+// campaignSteps lists every kind with its weight in a schedule.
+var campaignSteps = []struct {
+	kind   string
+	weight int
+}{
+	{stepKill, 3}, {stepPGRestart, 2}, {stepCut, 3}, {stepPubDrop, 2}, {stepSlotDrop, 2}, {stepFreeze, 2}, {stepAlter, 1},
+	{stepPause, 2}, {stepVerify, 1}, {stepRetry, 1}, {stepSkip, 1},
+}
+
+// cStep is one step of a schedule: at is its earliest start, from the
+// start of the history (a step starts once the one before it recovered,
+// so later than at when faults pile up); target picks a projection or a
+// slot; hold is how long the fault or the pause lasts.
+type cStep struct {
+	at     time.Duration
+	kind   string
+	target int
+	hold   time.Duration
+}
+
+func (s cStep) String() string {
+	return fmt.Sprintf("at %6s %-16s target %d hold %s", s.at.Round(100*time.Millisecond), s.kind, s.target, s.hold.Round(10*time.Millisecond))
+}
+
+// cShape is the events table of a campaign: the reference columns under
+// their own names, of types the source supports (docs/events-table.md),
+// created before `pgscribe migrate -events-table`, which keeps it.
+type cShape struct {
+	id          string // "uuid" or "bigint" (from a sequence)
+	data        string // type of data and metadata: "jsonb" or "json"
+	occurredAt  string // "timestamptz" or "timestamp"
+	partitioned bool   // PARTITION BY HASH (stream_id), 3 partitions
+	first       int    // position of a stream's first event: 0 or 1
+}
+
+func (sh cShape) String() string {
+	part := "plain"
+	if sh.partitioned {
+		part = "hash-partitioned"
+	}
+	return fmt.Sprintf("%s ids, %s, %s, %s, streams from %d", sh.id, sh.data, sh.occurredAt, part, sh.first)
+}
+
+// ddl creates the events table.
+func (sh cShape) ddl() string {
+	id := `uuid NOT NULL DEFAULT gen_random_uuid()`
+	pre := ""
+	if sh.id == "bigint" {
+		pre = "CREATE SEQUENCE events_ids;\n"
+		id = `bigint NOT NULL DEFAULT nextval('events_ids')`
+	}
+	key, part := "PRIMARY KEY (position)", ""
+	if sh.partitioned {
+		key, part = "PRIMARY KEY (position, stream_id)", " PARTITION BY HASH (stream_id)"
+	}
+	ddl := fmt.Sprintf(`%sCREATE TABLE events (
+    position        bigserial,
+    id              %s,
+    stream_id       text        NOT NULL,
+    stream_position bigint      NOT NULL,
+    type            text        NOT NULL,
+    data            %s NOT NULL,
+    metadata        %s NOT NULL DEFAULT '{}',
+    occurred_at     %s NOT NULL DEFAULT now(),
+    %s,
+    UNIQUE (stream_id, stream_position)
+)%s;
+`, pre, id, sh.data, sh.data, sh.occurredAt, key, part)
+	if sh.partitioned {
+		for r := range 3 {
+			ddl += fmt.Sprintf("CREATE TABLE events_%d PARTITION OF events FOR VALUES WITH (MODULUS 3, REMAINDER %d);\n", r, r)
+		}
+	}
+	return ddl
+}
+
+// appendSQL appends one event ($1 stream, $2 type, $3 data as text) at
+// its stream's next position.
+func (sh cShape) appendSQL() string {
+	return fmt.Sprintf(`INSERT INTO events (stream_id, stream_position, type, data)
+SELECT $1::text, coalesce(max(stream_position), %d) + 1, $2, $3::text::%s FROM events WHERE stream_id = $1::text`, sh.first-1, sh.data)
+}
+
+// cPlan is everything a seed decides.
+type cPlan struct {
+	seed     uint64
+	duration time.Duration
+	projs    []cProj
+	shape    cShape  // the events table
+	nodes    int     // engine nodes on the same configuration (1 or 2)
+	writers  int     // concurrent writers
+	streams  int     // streams they share
+	accounts int     // rows of the total part every stream shares
+	backlog  int     // events appended before the engine starts
+	bigTx    float64 // share of transactions of 50–300 events
+	idle     float64 // share of transactions followed by an idle period
+	poison   float64 // share of events that fail (in a projection that cares)
+	steps    []cStep
+}
+
+// newPlan draws the plan of seed for a history of duration.
+func newPlan(seed uint64, duration time.Duration) cPlan {
+	rng := rand.New(rand.NewPCG(seed, 0x70676a73)) // "pgjs"
+	pl := cPlan{seed: seed, duration: duration}
+	n := 1 + rng.IntN(4)
+	for i := range n {
+		p := cProj{name: fmt.Sprintf("p%d", i+1)}
+		switch rng.IntN(3) {
+		case 0: // the default group
+		case 1:
+			p.group = "g1"
+		case 2:
+			p.group = "solo" + p.name // alone in a group of its own
+		}
+		for _, ty := range campaignTypes {
+			if rng.IntN(3) > 0 {
+				p.types = append(p.types, ty)
+			}
+		}
+		if len(p.types) == 0 {
+			p.types = []string{campaignTypes[rng.IntN(len(campaignTypes))]}
+		}
+		for _, part := range campaignParts {
+			if rng.IntN(2) == 0 {
+				p.parts = append(p.parts, part)
+			}
+		}
+		if !slices.ContainsFunc(p.parts, func(s string) bool { return s != partFail }) {
+			p.parts = append(p.parts, partRows) // something to compare
+		}
+		pl.projs = append(pl.projs, p)
+	}
+	pl.nodes = 1 + rng.IntN(2)
+	pl.writers = 1 + rng.IntN(4)
+	pl.streams = 3 + rng.IntN(18)
+	pl.accounts = 2 + rng.IntN(6)
+	pl.backlog = rng.IntN(3) * rng.IntN(800)
+	pl.bigTx = []float64{0, 0.02, 0.08}[rng.IntN(3)]
+	pl.idle = []float64{0, 0.05, 0.2}[rng.IntN(3)]
+	pl.poison = []float64{0, 0.01, 0.05}[rng.IntN(3)]
+
+	total := 0
+	for _, k := range campaignSteps {
+		total += k.weight
+	}
+	at := 2 * time.Second
+	for at < duration {
+		w := rng.IntN(total)
+		var kind string
+		for _, k := range campaignSteps {
+			if w -= k.weight; w < 0 {
+				kind = k.kind
+				break
+			}
+		}
+		pl.steps = append(pl.steps, cStep{at: at, kind: kind, target: rng.IntN(64),
+			hold: time.Duration(rng.Int64N(int64(3 * time.Second)))})
+		at += 2*time.Second + time.Duration(rng.Int64N(int64(8*time.Second)))
+	}
+	// The events table is drawn from a stream of its own, so that adding
+	// it left the rest of every seed's plan as it was.
+	srng := rand.New(rand.NewPCG(seed, 0x73686170)) // "shap"
+	pl.shape = cShape{id: []string{"uuid", "bigint"}[srng.IntN(2)], data: []string{"jsonb", "json"}[srng.IntN(2)],
+		occurredAt: []string{"timestamptz", "timestamp"}[srng.IntN(2)], partitioned: srng.IntN(2) == 0, first: srng.IntN(2)}
+	return pl
+}
+
+// String is the plan as a failing run prints it.
+func (pl cPlan) String() string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "seed %d, history %s, %d engine node(s): %d writers on %d streams (%d shared accounts), backlog %d events, big transactions %.0f%%, idle %.0f%%, poison %.0f%%\n",
+		pl.seed, pl.duration, pl.nodes, pl.writers, pl.streams, pl.accounts, pl.backlog, 100*pl.bigTx, 100*pl.idle, 100*pl.poison)
+	fmt.Fprintf(&b, "  events table: %s\n", pl.shape)
+	for _, p := range pl.projs {
+		fmt.Fprintf(&b, "  projection %s: group %s, on %v, parts %v\n", p.name, p.groupName(), p.types, p.parts)
+	}
+	fmt.Fprintf(&b, "  schedule, %d steps:\n", len(pl.steps))
+	for i, s := range pl.steps {
+		fmt.Fprintf(&b, "    %2d %s\n", i, s)
+	}
+	return b.String()
+}
+
+// groupOfTwo reports whether two or more projections share a group (a
+// group's stream, fanned out by its hub).
+func (pl cPlan) groupOfTwo() bool {
+	n := map[string]int{}
+	for _, p := range pl.projs {
+		if n[p.groupName()]++; n[p.groupName()] >= 2 {
+			return true
+		}
+	}
+	return false
+}
+
+// cEvent is one event a writer appends; its stream position is decided
+// at the append (expected version: one more than the stream's last).
+type cEvent struct {
+	stream, typ string
+	data        string // JSON
+}
+
+// history draws the events of a writer's transactions: rng is the
+// writer's own (seeded from the plan's seed and the writer's number), so
+// that a replay appends the same transactions, in the same order per
+// writer (how the writers interleave is up to the machine).
+type history struct {
+	pl  cPlan
+	rng *rand.Rand
+	seq int
+}
+
+func newHistory(pl cPlan, writer int) *history {
+	return &history{pl: pl, rng: rand.New(rand.NewPCG(pl.seed, uint64(writer)+1))}
+}
+
+// next returns the next transaction and the idle time after it.
+func (h *history) next() ([]cEvent, time.Duration) {
+	size := 1 + h.rng.IntN(5)
+	if h.rng.Float64() < h.pl.bigTx {
+		size = 50 + h.rng.IntN(250)
+	}
+	evs := make([]cEvent, size)
+	for i := range evs {
+		h.seq++
+		name, q, fail := fmt.Sprintf("n%d", h.rng.IntN(10000)), h.rng.IntN(100), false
+		if h.rng.Float64() < h.pl.poison {
+			switch h.rng.IntN(3) {
+			case 0:
+				name = "much-too-long-" + name
+			case 1:
+				q = -1 - q
+			case 2:
+				fail = true
+			}
+		}
+		evs[i] = cEvent{
+			stream: fmt.Sprintf("s-%d", h.rng.IntN(h.pl.streams)),
+			typ:    campaignTypes[h.rng.IntN(len(campaignTypes))],
+			data: fmt.Sprintf(`{"v": %d, "acct": "a-%d", "amount": %d, "name": %q, "q": %d, "fail": %t}`,
+				h.seq, h.rng.IntN(h.pl.accounts), 1+h.rng.IntN(100), name, q, fail),
+		}
+	}
+	pause := time.Duration(5+h.rng.IntN(25)) * time.Millisecond
+	if h.rng.Float64() < h.pl.idle {
+		pause = time.Duration(200+h.rng.IntN(1300)) * time.Millisecond
+	}
+	return evs, pause
+}

@@ -1,0 +1,674 @@
+package integration
+
+// The seeded fault campaign, part two: the run (issue 30,
+// docs/testing.md#the-fault-campaign-make-campaign). A plan
+// (campaign_plan_test.go) runs against the shared PostgreSQL: its own
+// database, one or two engine nodes (child processes) connected through a
+// TCP proxy on loopback, concurrent writers appending with expected
+// versions, and the schedule's faults and operator actions one after the
+// other. After
+// every step, at a quiet point (writers held), and at the end, one oracle:
+//
+//   - every fault is visible or recovered within a bound: a dropped
+//     publication halts every projection visibly (pgscribe_halted 1)
+//     within haltVisible; the other faults recover by themselves, and
+//     every projection catches up within waitLong;
+//   - conservation per projection: events == applied + skipped +
+//     dead_lettered + adopted, never more;
+//   - every read model equals a computation from the events table alone
+//     (cProj.want), dead letters exactly the events that must fail, less
+//     those an operator skipped (recorded in campaign_skipped);
+//   - nothing halted at a quiet point, and `pgscribe verify` finds no drift.
+//
+// The first violated property fails the test, which then prints the seed,
+// the plan and what was done when. Run by `make campaign` and `go run
+// ./internal/tools/campaign` (env PGSCRIBE_CAMPAIGN_*), and, as a short
+// campaign of fixed seeds, by `make test`.
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/pgscribe/pgscribe/internal/pgtest"
+)
+
+// The environment of a campaign run by `make campaign`.
+const (
+	campaignSeedEnv     = "PGSCRIBE_CAMPAIGN_SEED"     // the seed; unset: the fixed seeds, short
+	campaignDurationEnv = "PGSCRIBE_CAMPAIGN_DURATION" // the history's length (Go duration); default 60s
+	campaignSkipEnv     = "PGSCRIBE_CAMPAIGN_SKIP"     // steps not to run, by number ("2,5"): minimising
+	campaignDryEnv      = "PGSCRIBE_CAMPAIGN_DRY"      // "1": print the plan, run nothing
+)
+
+// campaignSeeds are the fixed seeds `make test` runs, each for
+// campaignShort: between them a group of two with a dropped publication,
+// kill -9, a PostgreSQL restart, a cut and a dropped slot (the plans say
+// which; TestCampaignPlan keeps them so).
+var campaignSeeds = []uint64{7, 27}
+
+const campaignShort = 12 * time.Second
+
+func TestCampaign(t *testing.T) {
+	seed := os.Getenv(campaignSeedEnv)
+	if seed == "" {
+		requireServer(t)
+		for _, s := range campaignSeeds {
+			t.Run(fmt.Sprint(s), func(t *testing.T) { runCampaign(t, newPlan(s, campaignShort), nil) })
+		}
+		return
+	}
+	s, err := strconv.ParseUint(seed, 10, 64)
+	if err != nil {
+		t.Fatalf("%s=%q: %v", campaignSeedEnv, seed, err)
+	}
+	duration := 60 * time.Second
+	if d := os.Getenv(campaignDurationEnv); d != "" {
+		if duration, err = time.ParseDuration(d); err != nil {
+			t.Fatalf("%s=%q: %v", campaignDurationEnv, d, err)
+		}
+	}
+	skip := map[int]bool{}
+	for _, f := range strings.FieldsFunc(os.Getenv(campaignSkipEnv), func(r rune) bool { return r == ',' || r == ' ' }) {
+		i, err := strconv.Atoi(f)
+		if err != nil {
+			t.Fatalf("%s: %q is not a step number", campaignSkipEnv, f)
+		}
+		skip[i] = true
+	}
+	pl := newPlan(s, duration)
+	if os.Getenv(campaignDryEnv) == "1" {
+		t.Logf("campaign plan (dry run):\n%s", pl)
+		return
+	}
+	requireServer(t)
+	runCampaign(t, pl, skip)
+}
+
+// TestCampaignPlan: a seed's plan is the same every time (replay), and
+// the fixed seeds cover what the short campaign promises.
+func TestCampaignPlan(t *testing.T) {
+	if a, b := newPlan(7, time.Minute).String(), newPlan(7, time.Minute).String(); a != b {
+		t.Fatalf("seed 7 drew two plans:\n%s\n%s", a, b)
+	}
+	h1, h2 := newHistory(newPlan(7, time.Minute), 0), newHistory(newPlan(7, time.Minute), 0)
+	for range 50 {
+		a, _ := h1.next()
+		b, _ := h2.next()
+		if !slices.Equal(a, b) {
+			t.Fatalf("seed 7 drew two histories: %v, %v", a, b)
+		}
+	}
+	kinds, group := map[string]bool{}, false
+	for _, s := range campaignSeeds {
+		pl := newPlan(s, campaignShort)
+		for _, st := range pl.steps {
+			kinds[st.kind] = true
+			if st.kind == stepPubDrop && pl.groupOfTwo() {
+				group = true
+			}
+		}
+	}
+	for _, k := range []string{stepKill, stepPGRestart, stepCut, stepPubDrop, stepSlotDrop} {
+		if !kinds[k] {
+			t.Errorf("no fixed seed's plan has a %s step", k)
+		}
+	}
+	if !group {
+		t.Errorf("no fixed seed drops the publication under a group of two")
+	}
+}
+
+// campaign is one run of a plan.
+type campaign struct {
+	t      *testing.T
+	pl     cPlan
+	e      *faultEnv
+	direct string // DSN of the database, not through the proxy
+	proxy  *pgtest.Proxy
+	nodes  []*node // engine nodes on the configuration: with two, the one holding a group's lock is active, the other its standby
+	start  time.Time
+
+	// gate holds the writers at a quiet point: each transaction holds a
+	// read lock, quiet takes the write lock.
+	gate    sync.RWMutex
+	stopc   chan struct{}
+	writers sync.WaitGroup
+	werr    chan error
+
+	mu       sync.Mutex
+	journal  []string        // what was done, when
+	skipped  map[string]bool // projections whose dead letters an operator skipped (verify counts those as drift)
+	faults   map[string]int
+	txs, evs int
+}
+
+// note records what the campaign did, for a failing run's report.
+func (c *campaign) note(format string, args ...any) {
+	line := fmt.Sprintf("%8s  ", time.Since(c.start).Round(10*time.Millisecond)) + fmt.Sprintf(format, args...)
+	c.t.Log(line) // as it happens, with -v
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.journal = append(c.journal, line)
+}
+
+// violation fails the run: the first violated property.
+func (c *campaign) violation(property, format string, args ...any) {
+	c.t.Helper()
+	c.note("VIOLATION %s", property)
+	c.t.Fatalf("campaign seed %d: VIOLATION of %q: %s", c.pl.seed, property, fmt.Sprintf(format, args...))
+}
+
+func runCampaign(t *testing.T, pl cPlan, skip map[int]bool) {
+	c := &campaign{t: t, pl: pl, stopc: make(chan struct{}), werr: make(chan error, pl.writers), faults: map[string]int{}, skipped: map[string]bool{}}
+	t.Logf("campaign plan:\n%s", pl)
+	t.Logf("campaign: %d steps", len(pl.steps)) // read by internal/tools/campaign to minimise
+	t.Cleanup(func() {
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		if t.Failed() {
+			var skipped []string
+			for i := range skip {
+				skipped = append(skipped, fmt.Sprint(i))
+			}
+			slices.Sort(skipped)
+			t.Logf("campaign seed %d FAILED. What it did:\n  %s\nreplay: make campaign SEED=%d DURATION=%s SKIP=%s",
+				pl.seed, strings.Join(c.journal, "\n  "), pl.seed, pl.duration, strings.Join(skipped, ","))
+		}
+	})
+	c.setup()
+
+	c.start = time.Now()
+	for w := range pl.writers {
+		c.writers.Add(1)
+		go c.write(newHistory(pl, w))
+	}
+	for i, st := range pl.steps {
+		if skip[i] {
+			c.note("step %d %s skipped", i, st.kind)
+			continue
+		}
+		if time.Since(c.start) >= pl.duration {
+			// Steps wait for the ones before them to recover; those the
+			// history's end overtook do not run.
+			c.note("step %d %s not reached: the history ended", i, st.kind)
+			continue
+		}
+		if d := st.at - time.Since(c.start); d > 0 {
+			time.Sleep(d)
+		}
+		c.note("step %d %s begins", i, st)
+		c.step(i, st)
+		c.quiet(fmt.Sprintf("after step %d (%s)", i, st.kind))
+	}
+	if d := pl.duration - time.Since(c.start); d > 0 {
+		time.Sleep(d)
+	}
+	close(c.stopc)
+	c.writers.Wait()
+	select {
+	case err := <-c.werr:
+		t.Fatalf("a writer gave up: %v", err)
+	default:
+	}
+	c.quiet("at the end")
+	for _, p := range pl.projs {
+		if !p.has(partTrail) && !c.skipped[p.name] {
+			requireNoDrift(t, pgscribeBinary(t), c.e.config, p.name, 1)
+		}
+	}
+	c.mu.Lock()
+	t.Logf("campaign seed %d passed: %d transactions, %d events appended by the writers (%d in the table), %d dead letters; faults and actions %v",
+		pl.seed, c.txs, c.evs, c.e.events(t),
+		c.e.scalar(t, `SELECT count(*) FROM pgscribe.dead_letters`), c.faults)
+	c.mu.Unlock()
+	for _, n := range c.nodes {
+		n.stop()
+	}
+}
+
+// setup creates the database, the proxy, the configuration, the events
+// table and the read models, appends the backlog and starts the engine.
+func (c *campaign) setup() {
+	t := c.t
+	c.direct = newDatabase(t)
+	pool, err := pgxpool.New(context.Background(), c.direct)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	if c.proxy, err = pgtest.NewProxy(srv().HostPort()); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.proxy.Close() })
+	through, err := c.proxy.DSN(c.direct)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	// e.dsn is what the engine runs with (through the proxy); the
+	// configuration file names the database directly, for the commands.
+	c.e = &faultEnv{dsn: through, dir: dir, config: filepath.Join(dir, "pgscribe.toml"), slotPrefix: uniqueID("cmp_"), pool: pool}
+	cfg := faultConfig(c.direct, c.e.slotPrefix, 5)
+	for _, p := range c.pl.projs {
+		cfg.add(p.toml())
+	}
+	cfg.write(t, c.e.config)
+	c.e.exec(t, c.pl.shape.ddl())
+	migrate(t, c.e.config)
+	for _, p := range c.pl.projs {
+		c.e.exec(t, p.ddl())
+	}
+	h := newHistory(c.pl, 1000)
+	for n := 0; n < c.pl.backlog; {
+		evs, _ := h.next()
+		if err := c.appendTx(context.Background(), pool, evs); err != nil {
+			t.Fatalf("backlog: %v", err)
+		}
+		n += len(evs)
+	}
+	c.e.exec(t, `CREATE TABLE campaign_skipped (projection text, event_id text)`)
+	for k := range c.pl.nodes {
+		n := newNode(t, fmt.Sprintf("pgscribe-%c", 'a'+k), c.e.config, "PGSCRIBE_DATABASE_URL="+c.e.dsn)
+		n.stopTimeout = 40 * time.Second // shutdown_timeout is 20s
+		n.start()
+		c.nodes = append(c.nodes, n)
+	}
+}
+
+// pickNode is the node a fault strikes: with two nodes, for an even
+// target the one active for the projection the target picks (holding its
+// group's lock), else the other one, the standby — or, while none is
+// active, the node the target names.
+// role says which it is, for the journal.
+func (c *campaign) pickNode(target int) (n *node, role string) {
+	if len(c.nodes) == 1 {
+		return c.nodes[0], "the only node"
+	}
+	p := c.pl.projs[(target/2)%len(c.pl.projs)].name
+	for k, n := range c.nodes {
+		if n.metric("pgscribe_active", projLabels(p)) == 1 {
+			if target%2 == 0 {
+				return n, "active for " + p
+			}
+			return c.nodes[(k+1)%len(c.nodes)], "standby for " + p
+		}
+	}
+	return c.nodes[target%len(c.nodes)], "none active for " + p
+}
+
+// broken says why no node can make progress any more: one exited
+// without being told to.
+func (c *campaign) broken() string {
+	for _, n := range c.nodes {
+		if why := n.broken(); why != "" {
+			return why
+		}
+	}
+	return ""
+}
+
+// halted reports whether a node shows the projection halted
+// (pgscribe_halted 1) and, if so, whether its /readyz answers 503.
+func (c *campaign) halted(projection string) (halted, notReady bool) {
+	for _, n := range c.nodes {
+		if n.metric("pgscribe_halted", projLabels(projection)) == 1 {
+			code, _ := n.get("/readyz")
+			return true, code == 503
+		}
+	}
+	return false, false
+}
+
+// paused reports whether a node shows the projection paused.
+func (c *campaign) paused(projection string) bool {
+	for _, n := range c.nodes {
+		if n.metric("pgscribe_paused", projLabels(projection)) == 1 {
+			return true
+		}
+	}
+	return false
+}
+
+// appendTx appends evs in one transaction, each at its stream's next
+// position (expected version: a concurrent append to the stream makes
+// the transaction fail with a unique violation; the caller retries).
+func (c *campaign) appendTx(ctx context.Context, db interface {
+	Begin(context.Context) (pgx.Tx, error)
+}, evs []cEvent) error {
+	return pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
+		b := &pgx.Batch{}
+		for _, x := range evs {
+			b.Queue(c.pl.shape.appendSQL(), x.stream, x.typ, x.data)
+		}
+		return tx.SendBatch(ctx, b).Close()
+	})
+}
+
+// write is one writer: its history's transactions until the campaign
+// stops, each retried until it commits (through restarts and conflicts
+// of expected versions), for two minutes at most.
+func (c *campaign) write(h *history) {
+	defer c.writers.Done()
+	var conn *pgx.Conn
+	defer func() {
+		if conn != nil {
+			conn.Close(context.Background())
+		}
+	}()
+	for {
+		select {
+		case <-c.stopc:
+			return
+		default:
+		}
+		evs, pause := h.next()
+		c.gate.RLock()
+		deadline := time.Now().Add(2 * time.Minute)
+		for {
+			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+			var err error
+			if conn == nil {
+				conn, err = pgx.Connect(ctx, c.direct)
+			}
+			if err == nil {
+				err = c.appendTx(ctx, conn, evs)
+			}
+			cancel()
+			if err == nil {
+				break
+			}
+			var pe *pgconn.PgError
+			if !errors.As(err, &pe) || pe.Code != "23505" { // not a conflict: reconnect
+				if conn != nil {
+					conn.Close(context.Background())
+				}
+				conn = nil
+			}
+			if time.Now().After(deadline) {
+				c.gate.RUnlock()
+				c.werr <- err
+				return
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+		c.gate.RUnlock()
+		c.mu.Lock()
+		c.txs++
+		c.evs += len(evs)
+		c.mu.Unlock()
+		select {
+		case <-c.stopc:
+			return
+		case <-time.After(pause):
+		}
+	}
+}
+
+// step runs one step of the schedule, including the wait for what it
+// must show.
+func (c *campaign) step(i int, st cStep) {
+	t, e := c.t, c.e
+	c.mu.Lock()
+	c.faults[st.kind]++
+	c.mu.Unlock()
+	switch st.kind {
+	case stepKill:
+		n, role := c.pickNode(st.target)
+		n.kill()
+		c.note("killed %s (%s)", n.name, role)
+		time.Sleep(st.hold)
+		n.start()
+	case stepFreeze:
+		n, role := c.pickNode(st.target)
+		n.signal(syscall.SIGSTOP)
+		c.note("stopped %s (%s)", n.name, role)
+		time.Sleep(2*time.Second + 4*st.hold)
+		n.signal(syscall.SIGCONT)
+	case stepPGRestart:
+		if !srv().CanRestart() {
+			c.note("step %d: the %s server cannot restart; nothing done", i, srv().Mode())
+			return
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+		defer cancel()
+		if err := srv().Restart(ctx, true); err != nil {
+			t.Fatalf("restart PostgreSQL: %v", err)
+		}
+		e.pool.Reset()
+	case stepCut:
+		c.proxy.Cut()
+		time.Sleep(st.hold)
+		c.proxy.Restore()
+	case stepPubDrop:
+		pub := scalar[string](t, e.pool, `SELECT pubname FROM pg_publication`)
+		e.exec(t, "DROP PUBLICATION "+pgx.Identifier{pub}.Sanitize())
+		c.note("dropped publication %s", pub)
+		// A change of every type: every stream must decode one, even
+		// while the writers idle.
+		var evs []cEvent
+		for _, ty := range campaignTypes {
+			evs = append(evs, cEvent{stream: fmt.Sprintf("fault-%d", i), typ: ty,
+				data: `{"v": 0, "acct": "a-0", "amount": 1, "name": "fault", "q": 0, "fail": false}`})
+		}
+		if err := c.appendTx(context.Background(), e.pool, evs); err != nil {
+			t.Fatalf("append after the drop: %v", err)
+		}
+		c.visibleHalt("publication dropped")
+		c.statusHalted("publication dropped")
+		migrateAs(t, e, c.direct) // the documented fix: pgscribe migrate recreates it
+		c.note("pgscribe migrate recreated the publication")
+		c.recovered("publication recreated")
+	case stepSlotDrop:
+		slots := slices.Sorted(func(yield func(string) bool) {
+			for s := range prefixSlots(t, e.pool, e.slotPrefix) {
+				if !yield(s) {
+					return
+				}
+			}
+		})
+		if len(slots) == 0 {
+			c.note("step %d: no slot to drop", i)
+			return
+		}
+		slot := slots[st.target%len(slots)]
+		c.dropSlot(slot)
+	case stepPause:
+		p := c.pl.projs[st.target%len(c.pl.projs)].name
+		e.operate(t, 0, "pause", "-projection", p, "-version", "1", "-reason", "campaign")
+		c.within(5*time.Second, "pause visible", p+" paused (pgscribe_paused 1)", func() bool { return c.paused(p) })
+		time.Sleep(st.hold)
+		e.operate(t, 0, "resume", "-projection", p, "-version", "1")
+		c.within(5*time.Second, "resume visible", p+" resumed (pgscribe_paused 0)", func() bool { return !c.paused(p) })
+	case stepAlter:
+		p := c.pl.projs[st.target%len(c.pl.projs)]
+		rm := p.want()
+		if len(rm) == 0 {
+			c.note("step %d: %s has no read model", i, p.name)
+			return
+		}
+		table := rm[st.target%len(rm)][0]
+		e.exec(t, "ALTER TABLE "+table+" ADD COLUMN campaign_extra int DEFAULT 7")
+		c.note("added a column to %s", table)
+		time.Sleep(st.hold)
+		e.exec(t, "ALTER TABLE "+table+" DROP COLUMN campaign_extra")
+		c.note("dropped it")
+	case stepRetry, stepSkip:
+		p := c.pl.projs[st.target%len(c.pl.projs)].name
+		c.quietThen("before "+st.kind, func() {
+			n := c.e.scalar(t, `SELECT count(*) FROM pgscribe.dead_letters WHERE projection = $1 AND version = 1`, p)
+			if n == 0 {
+				c.note("step %d: %s has no dead letters", i, p)
+				return
+			}
+			verb := "retry"
+			if st.kind == stepSkip {
+				verb = "skip"
+				c.skipped[p] = true
+				e.exec(t, `INSERT INTO campaign_skipped SELECT projection, event_id FROM pgscribe.dead_letters WHERE projection = $1 AND version = 1`, p)
+			}
+			out := e.operate(t, 0, "deadletters", verb, "-projection", p, "-version", "1")
+			c.note("deadletters %s %s (%d): %s", verb, p, n, strings.TrimSpace(out))
+		})
+	case stepVerify:
+		for k := range c.pl.projs {
+			p := c.pl.projs[(st.target+k)%len(c.pl.projs)]
+			if p.has(partTrail) {
+				continue // verify does not rebuild an sql rule
+			}
+			c.quiet("before verify")
+			requireNoDrift(t, pgscribeBinary(t), e.config, p.name, 1)
+			c.note("verify %s: no drift", p.name)
+			return
+		}
+		c.note("step %d: every projection has an sql rule; nothing to verify", i)
+	default:
+		t.Fatalf("unknown step %q", st.kind)
+	}
+}
+
+// dropSlot drops the slot by hand, ending the walsender that holds it;
+// a slot the engine dropped itself meanwhile is dropped already.
+func (c *campaign) dropSlot(slot string) {
+	dropped := poll(c.t, 30*time.Second, "slot "+slot+" to be dropped", func(ctx context.Context) (bool, error) {
+		var exists bool
+		if err := c.e.pool.QueryRow(ctx, `SELECT count(*) > 0 FROM pg_replication_slots WHERE slot_name = $1`, slot).Scan(&exists); err != nil || !exists {
+			return err == nil, nil
+		}
+		_, _ = c.e.pool.Exec(ctx, `SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots WHERE slot_name = $1 AND active_pid IS NOT NULL`, slot)
+		_, err := c.e.pool.Exec(ctx, `SELECT pg_drop_replication_slot($1)`, slot)
+		return err == nil, nil
+	})
+	if !dropped {
+		c.t.Fatalf("could not drop slot %s", slot)
+	}
+	c.note("dropped slot %s", slot)
+}
+
+// within polls cond for bound; it is a violation of property when cond
+// never holds.
+func (c *campaign) within(bound time.Duration, property, what string, cond func() bool) {
+	c.t.Helper()
+	if !poll(c.t, bound, what, func(context.Context) (bool, error) { return cond(), nil }, c.broken) {
+		c.violation(property, "%s: not within %s", what, bound)
+	}
+	c.note("%s", what)
+}
+
+// visibleHalt: a fault that cannot recover by itself shows on every
+// projection within haltVisible: pgscribe_halted 1 and /readyz 503.
+func (c *campaign) visibleHalt(fault string) {
+	c.t.Helper()
+	for _, p := range c.pl.projs {
+		c.within(haltVisible, "every fault visible or recovered", fault+": "+p.name+" halted visibly (pgscribe_halted 1, /readyz 503)", func() bool {
+			halted, notReady := c.halted(p.name)
+			return halted && notReady
+		})
+	}
+}
+
+// statusHalted waits until `pgscribe status -json` shows every projection
+// halted with a reason: what an operator reads besides the metrics.
+func (c *campaign) statusHalted(fault string) {
+	c.t.Helper()
+	var why string
+	ok := poll(c.t, haltVisible, "status to show the halts", func(ctx context.Context) (bool, error) {
+		out, err := cliCommand(ctx, pgscribeBinary(c.t), "status", "-json", "-config", c.e.config).Output()
+		var st sourceStatus
+		if err == nil {
+			err = json.Unmarshal(out, &st)
+		}
+		if err != nil {
+			why = fmt.Sprintf("status -json: %v: %s", err, out)
+			return false, nil
+		}
+		for _, p := range c.pl.projs {
+			i := slices.IndexFunc(st.Projections, func(s sourceStatusProjection) bool { return s.Projection == p.name })
+			if i < 0 || st.Projections[i].State != "halted" || st.Projections[i].HaltReason == "" {
+				why = fmt.Sprintf("status -json does not show %s halted with a reason: %s", p.name, out)
+				return false, nil
+			}
+		}
+		return true, nil
+	}, c.broken)
+	if !ok {
+		c.violation("every fault visible or recovered", "%s: %s", fault, why)
+	}
+	c.note("%s: pgscribe status shows every projection halted, with its reason", fault)
+}
+
+// recovered: once the cause of a halt is gone, every projection resumes
+// by itself within waitLong.
+func (c *campaign) recovered(fix string) {
+	c.t.Helper()
+	for _, p := range c.pl.projs {
+		c.within(waitLong, "halts end once their cause does", fix+": "+p.name+" no longer halted", func() bool {
+			halted, _ := c.halted(p.name)
+			return !halted
+		})
+	}
+}
+
+// quiet holds the writers and checks the oracle: every projection
+// catches up within waitLong (recovered), conservation, exact read
+// models and dead letters, nothing halted.
+func (c *campaign) quiet(when string) { c.quietThen(when, nil) }
+
+// quietThen is quiet, then then (if not nil) with the writers still held.
+func (c *campaign) quietThen(when string, then func()) {
+	t, e := c.t, c.e
+	t.Helper()
+	c.gate.Lock()
+	defer c.gate.Unlock()
+	events := e.events(t)
+	for _, p := range c.pl.projs {
+		var got int64
+		ok := poll(t, waitLong, p.name+" to catch up", func(ctx context.Context) (bool, error) {
+			var err error
+			got, err = accounted(ctx, e.pool, p.name, 1)
+			return got >= events, err
+		}, c.broken)
+		switch {
+		case got > events:
+			c.violation("conservation", "%s: %s accounts for %d events, the table has %d", when, p.name, got, events)
+		case !ok:
+			if halted, _ := c.halted(p.name); halted {
+				c.violation("halts end once their cause does", "%s: %s is halted, accounting for %d of %d events after %s", when, p.name, got, events, waitLong)
+			}
+			c.violation("every fault visible or recovered", "%s: %s accounts for %d of %d events after %s, and shows no halt", when, p.name, got, events, waitLong)
+		}
+	}
+	for _, p := range c.pl.projs {
+		for _, rm := range p.want() {
+			sameRows(t, e.pool, when+": read model "+rm[0], rm[1], rm[2], p.types)
+		}
+		sameRows(t, e.pool, when+": dead letters of "+p.name,
+			`SELECT event_id FROM pgscribe.dead_letters WHERE projection = $1 AND version = 1`,
+			`SELECT id::text FROM events WHERE type = ANY($2) AND `+p.poison()+`
+EXCEPT ALL SELECT event_id FROM campaign_skipped WHERE projection = $1`, p.name, p.types)
+		if t.Failed() {
+			c.violation("read models exact", "%s: %s differs from the events table (above)", when, p.name)
+		}
+		if halted, _ := c.halted(p.name); halted {
+			c.violation("nothing halted at a quiet point", "%s: %s is halted", when, p.name)
+		}
+	}
+	c.note("quiet point %s: %d events, every projection exact", when, events)
+	if then != nil {
+		then()
+	}
+}
