@@ -143,7 +143,7 @@ type Store struct {
 
 // The two watermark saves (one version, many versions) write the same
 // columns and merge them into the stored row alike, but for the phase:
-// watermarkForward keeps the stored slot name unless the save names one
+// watermarkForward keeps the stored slot name (MoveWatermark changes it)
 // and moves the watermark proper only forward, watermarkProgress keeps the
 // stored backfill counts and lag measurement unless the save brings new
 // ones.
@@ -151,7 +151,7 @@ const (
 	watermarkColumns = `  (projection, version, slot_name, lsn, position, commit_time, phase, backfill_total, backfill_done,
    measured_at, lag_seconds, backlog_events)
 `
-	watermarkForward = `  slot_name      = coalesce(excluded.slot_name, w.slot_name),
+	watermarkForward = `  slot_name      = coalesce(w.slot_name, excluded.slot_name),
   lsn            = GREATEST(w.lsn, excluded.lsn),
   position       = CASE WHEN w.lsn IS NULL OR excluded.lsn >= w.lsn THEN GREATEST(w.position, excluded.position) ELSE w.position END,
   commit_time    = CASE WHEN w.lsn IS NULL OR excluded.lsn >= w.lsn THEN excluded.commit_time ELSE w.commit_time END,
@@ -455,12 +455,22 @@ func SaveWatermarksStatement(stores []*Store, ws []Watermark) (string, []any, er
 }
 
 // MoveWatermark records the version's watermark on slot (the stream it
-// reads from changed: its group's slot, or one of its own).
+// reads from changed: its group's slot, or one of its own). It is the only
+// write that changes a stored slot name: a save names the slot of a row
+// that has none, so a save computed before a move and committed after it
+// cannot put the watermark back on the slot it left.
 func (s *Store) MoveWatermark(ctx context.Context, q event.Querier, slot string) error {
-	if _, err := q.Exec(ctx, s.moveWatermarkSQL, s.projection, s.version, slot); err != nil {
+	sql, args := s.MoveWatermarkStatement(slot)
+	if _, err := q.Exec(ctx, sql, args...); err != nil {
 		return fmt.Errorf("move watermark to slot %s: %w", slot, err)
 	}
 	return nil
+}
+
+// MoveWatermarkStatement is MoveWatermark as a statement and its
+// arguments, for a pipeline.
+func (s *Store) MoveWatermarkStatement(slot string) (string, []any) {
+	return s.moveWatermarkSQL, []any{s.projection, s.version, slot}
 }
 
 // SetPhase records the phase and the backfill progress (total events to read

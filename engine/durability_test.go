@@ -24,7 +24,7 @@ var durabilityOwners = []string{"engine/ledger.go", "engine/saver.go"}
 // confirm a slot, by package: calling one outside durabilityOwners (and
 // the package that defines it) fails TestDurabilityHasOneOwner.
 var durabilityWriters = map[string][]string{
-	"cursor":      {"SaveWatermark", "SaveWatermarkStatement", "SaveWatermarksStatement", "SetPhase", "MoveWatermark"},
+	"cursor":      {"SaveWatermark", "SaveWatermarkStatement", "SaveWatermarksStatement", "SetPhase", "MoveWatermark", "MoveWatermarkStatement"},
 	"replication": {"Confirm"},
 }
 

@@ -244,7 +244,8 @@ func (l *ledger) switchSlot(ctx context.Context, slot string) error {
 	if err != nil {
 		return err
 	}
-	return l.fenced(ctx, statement{sql: sql, args: args})
+	msql, margs := l.store.MoveWatermarkStatement(slot)
+	return l.fenced(ctx, statement{sql: msql, args: margs}, statement{sql: sql, args: args})
 }
 
 // confirm confirms the slot to the watermark at shutdown, after the
@@ -273,6 +274,10 @@ func moveWatermark(ctx context.Context, store *cursor.Store, fenced txRunner, sl
 // total events: phase backfilling until setPhase says live.
 func startBackfill(ctx context.Context, store *cursor.Store, fenced txRunner, slot string, consistent event.LSN, total int64) error {
 	return fenced(ctx, func(tx pgx.Tx) error {
+		// A resync moves a stored watermark to the new slot.
+		if err := store.MoveWatermark(ctx, tx, slot); err != nil {
+			return err
+		}
 		return store.SaveWatermark(ctx, tx, cursor.Watermark{SlotName: slot, LSN: consistent, Phase: "backfilling", BackfillTotal: total})
 	})
 }
