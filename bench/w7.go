@@ -654,6 +654,11 @@ func (b *bench) w7LiveRun(ctx context.Context, k int, v w7Variant) (w7Live, *w7S
 			return w7Live{}, nil, err
 		}
 		sl.RSSFirstHalfMB, sl.RSSSecondHalfMB = rss.halves()
+		// The others' latency per second: where their p99 comes from (the
+		// wait before a detach, or what follows it).
+		if err := latencySeconds(ctx, lv.db, lv.tables[:k-1], lv.lo, lv.hi, filepath.Join(b.opts.rawDir, strings.ToLower(id)+"-others-seconds.csv")); err != nil {
+			return w7Live{}, nil, err
+		}
 		if err := rss.write(filepath.Join(b.opts.rawDir, strings.ToLower(id)+"-rss.csv")); err != nil {
 			return w7Live{}, nil, err
 		}
