@@ -275,6 +275,7 @@ type buildOptions struct {
 	Parallelism int
 	BatchSize   int
 	QueueSize   int
+	Bytes       int64         // bound on the bytes of the events in flight (apply.PartitionOptions.Bytes)
 	Retry       apply.Options // MaxAttempts, Backoff, MaxBackoff
 	SuspectWait time.Duration
 	Progress    func(done int64)
@@ -303,6 +304,7 @@ func (s *scratch) build(ctx context.Context, pool *pgxpool.Pool, spec rules.Spec
 	parts := apply.NewPartitions(c, apply.PartitionOptions{
 		Count: max(o.Parallelism, 1), QueueSize: max(o.QueueSize, 1),
 		BatchSize: func() int { return max(o.BatchSize, 1) },
+		Bytes:     o.Bytes,
 		Committed: func(batch []apply.Input, _ apply.Result) {
 			done.Add(int64(len(batch)))
 			select {

@@ -208,6 +208,7 @@ func verifyIn(ctx context.Context, cfg *config.Config, o VerifyOptions, conn *pg
 		// keeps the heap's slack from growing with them.
 		Parallelism: cfg.Engine.Parallelism, BatchSize: cfg.Engine.BackfillBatchSize,
 		QueueSize:     max(cfg.Engine.QueueSize, 2*cfg.Engine.BackfillBatchSize),
+		Bytes:         int64(cfg.Engine.BufferMB) << 20,
 		Retry:         apply.Options{MaxAttempts: cfg.Retry.MaxAttempts, Backoff: cfg.Retry.Backoff, MaxBackoff: cfg.Retry.MaxBackoff},
 		Progress:      func(done int64) { logf("%s", rebuildProgress(done, total, time.Since(buildStarted))) },
 		ProgressEvery: o.ProgressEvery,

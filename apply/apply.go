@@ -67,6 +67,7 @@ type Input struct {
 	// Redrive, when set, makes the input a dead letter to retry (see
 	// Redrive), not an event from the source.
 	Redrive *Redrive
+	held    int64 // what it holds of PartitionOptions.Bytes (Dispatch)
 }
 
 // Options configures a Committer.

@@ -6,6 +6,9 @@ import (
 	"fmt"
 	"hash/fnv"
 	"time"
+
+	"github.com/pgscribe/pgscribe/event"
+	"golang.org/x/sync/semaphore"
 )
 
 // Partition returns the partition of a stream: a stable FNV-1a hash of the
@@ -27,7 +30,22 @@ type Partitions struct {
 	linger    time.Duration
 	committed func(batch []Input, res Result)
 	gate      gate
+	// bytes bounds the weight (Weight) of the events dispatched and not
+	// yet committed; nil without a bound.
+	bytes    *semaphore.Weighted
+	maxBytes int64
 }
+
+// Weight is what an event counts against PartitionOptions.Bytes: its JSON
+// as read, and a little for the rest (the decoded fields a rule wants are
+// a fraction of the text).
+func Weight(ev *event.Event) int64 {
+	return int64(len(ev.RawData)+len(ev.RawMetadata)) + eventOverhead
+}
+
+// eventOverhead is the weight of an event beside its JSON: the struct,
+// its strings and its decoded fields, rounded up.
+const eventOverhead = 1 << 10
 
 // PartitionOptions configures Partitions.
 type PartitionOptions struct {
@@ -42,11 +60,18 @@ type PartitionOptions struct {
 	// Committed is called after each committed batch, from the worker's
 	// goroutine, with the batch and what it did.
 	Committed func(batch []Input, res Result)
+	// Bytes bounds the weight of the events dispatched and not yet
+	// committed ([engine] buffer_mb); 0 = only QueueSize bounds them. An
+	// event heavier than the bound waits until nothing else is held.
+	Bytes int64
 }
 
 // NewPartitions builds the partition workers.
 func NewPartitions(c *Committer, o PartitionOptions) *Partitions {
 	p := &Partitions{committer: c, batchSize: o.BatchSize, linger: o.Linger, committed: o.Committed}
+	if o.Bytes > 0 {
+		p.bytes, p.maxBytes = semaphore.NewWeighted(o.Bytes), o.Bytes
+	}
 	p.queues = make([]chan Input, o.Count)
 	for i := range p.queues {
 		p.queues[i] = make(chan Input, o.QueueSize)
@@ -55,13 +80,21 @@ func NewPartitions(c *Committer, o PartitionOptions) *Partitions {
 }
 
 // Dispatch hands an event to its stream's partition, blocking while that
-// partition's queue is full.
+// partition's queue is full or the events held weigh Bytes.
 func (p *Partitions) Dispatch(ctx context.Context, in Input) error {
+	w := p.weight(in)
+	if w > 0 {
+		if err := p.bytes.Acquire(ctx, w); err != nil {
+			return err
+		}
+	}
+	in.held = w
 	q := p.queues[Partition(in.Event.StreamID, len(p.queues))]
 	select {
 	case q <- in:
 		return nil
 	case <-ctx.Done():
+		p.release(w)
 		return ctx.Err()
 	}
 }
@@ -69,13 +102,46 @@ func (p *Partitions) Dispatch(ctx context.Context, in Input) error {
 // TryDispatch is Dispatch without blocking; it reports whether the event
 // was queued.
 func (p *Partitions) TryDispatch(in Input) bool {
+	w := p.weight(in)
+	if w > 0 && !p.bytes.TryAcquire(w) {
+		return false
+	}
+	in.held = w
 	q := p.queues[Partition(in.Event.StreamID, len(p.queues))]
 	select {
 	case q <- in:
 		return true
 	default:
+		p.release(w)
 		return false
 	}
+}
+
+// weight is what in holds of the byte bound: 0 without one, or for a
+// redrive; at most the bound itself.
+func (p *Partitions) weight(in Input) int64 {
+	if p.bytes == nil || in.Event == nil || in.Redrive != nil {
+		return 0
+	}
+	return min(Weight(in.Event), p.maxBytes)
+}
+
+func (p *Partitions) release(w int64) {
+	if w > 0 {
+		p.bytes.Release(w)
+	}
+}
+
+// released gives back what the events of a finished batch held.
+func (p *Partitions) released(batch []Input) {
+	if p.bytes == nil {
+		return
+	}
+	var w int64
+	for _, in := range batch {
+		w += in.held
+	}
+	p.release(w)
 }
 
 // Run runs the workers until ctx ends or one fails; the first failure is
@@ -228,6 +294,7 @@ func (p *Partitions) work(ctx context.Context, i int, stop <-chan struct{}) erro
 		if p.committed != nil {
 			p.committed(batch, res)
 		}
+		p.released(batch)
 	}
 }
 

@@ -83,10 +83,15 @@ type Engine struct {
 	MaxActiveProjections int           // 0 = unlimited
 	// SlowMemberTimeout: a group member that held the others back (the
 	// group's stream waited for its full queue while another's ran low)
-	// for a tenth of a window this long is detached from the group's stream
-	// (it catches up on a copy of the group's slot and joins again).
+	// for a fiftieth of a window this long is detached from the group's
+	// stream (it catches up on a copy of the group's slot and joins again).
 	// Default 5s.
 	SlowMemberTimeout time.Duration
+	// BufferMB bounds, per projection version, the bytes of the events it
+	// has read and not yet committed (partition queues, batches, a
+	// backfill page), beside the counts above: big events make smaller
+	// batches, not a bigger process. Default 64.
+	BufferMB int
 }
 
 // Retry bounds retries of rule evaluation and transient commit failures.
@@ -146,6 +151,7 @@ func Default() *Config {
 			BatchTimeout:      20 * time.Millisecond,
 			BackfillBatchSize: 5000,
 			QueueSize:         5000 / 2,
+			BufferMB:          64,
 			StandbyPoll:       5 * time.Second,
 			LeaseTimeout:      15 * time.Second,
 			LagInterval:       5 * time.Second,

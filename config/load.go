@@ -374,6 +374,7 @@ func (d *decoder) engine(t *table, e *Engine) {
 	t.duration("status_interval", &e.StatusInterval)
 	t.duration("shutdown_timeout", &e.ShutdownTimeout)
 	t.duration("slow_member_timeout", &e.SlowMemberTimeout)
+	t.count("buffer_mb", &e.BufferMB, 1)
 	t.count("max_active_projections", &e.MaxActiveProjections, 0)
 	t.done()
 }

@@ -409,6 +409,7 @@ func (s *session) partitions() *apply.Partitions {
 			return live
 		},
 		Linger:    cfg.Engine.BatchTimeout,
+		Bytes:     int64(cfg.Engine.BufferMB) << 20,
 		Committed: func(batch []apply.Input, _ apply.Result) { s.ledger.committed(batch) },
 	})
 }
@@ -565,7 +566,9 @@ func (s *session) backfill(ctx context.Context, replConn *pgconn.PgConn, sink *l
 	lastLog := started
 	var done int64
 	for {
-		evs, err := snap.Next(ctx, s.cfg.Engine.BackfillBatchSize)
+		// A page is at most a quarter of the version's buffer_mb: the
+		// partitions' bound holds the rest.
+		evs, err := snap.Next(ctx, s.cfg.Engine.BackfillBatchSize, int64(s.cfg.Engine.BufferMB)<<18)
 		if err != nil {
 			return atSource(err)
 		}

@@ -485,3 +485,21 @@ func TestGracefulStopUnderLoad(t *testing.T) {
 	r.verify()
 	s.terminate(shutdownTimeout + 5*time.Second)
 }
+
+// TestBigEventsUnderByteBound: events of 300 KB, every seventh of 1.5 MB,
+// under buffer_mb = 1: a backfill page holds one event, the partitions
+// hold about three, and an event bigger than the bound passes alone.
+// Backfilled and streamed, the read models end exact.
+func TestBigEventsUnderByteBound(t *testing.T) {
+	inEveryFeed(t, false, func(t *testing.T) {
+		projs := []coreProjection{balancesProjection(), activityProjection()}
+		r := newRig(t, projs, map[string]string{"buffer_mb": "1"})
+		r.bulkPadded("big-", 12, 8, 300_000)
+		s := r.start()
+		r.waitLog(s, 2*time.Minute, `msg="backfill complete"`, len(projs))
+		r.bulkPadded("live-", 6, 6, 300_000)
+		r.waitCaughtUp(3 * time.Minute)
+		r.verify()
+		s.terminate(time.Minute)
+	})
+}

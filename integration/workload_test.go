@@ -297,6 +297,13 @@ func (r *rig) seed(streams, perStream int) {
 // position order.
 func (r *rig) bulk(prefix string, streams, perStream int) {
 	r.t.Helper()
+	r.bulkPadded(prefix, streams, perStream, 0)
+}
+
+// bulkPadded is bulk with events of about pad bytes of JSON more (a
+// "pad" field no rule reads), every seventh five times as big.
+func (r *rig) bulkPadded(prefix string, streams, perStream, pad int) {
+	r.t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	r.exec(ctx, `INSERT INTO events (stream_id, stream_position, type, data)
@@ -305,10 +312,11 @@ SELECT $3 || s, sp,
 	CASE WHEN sp = 1 THEN jsonb_build_object('account_id', $3 || s, 'owner', 'owner ' || s, 'initial', (s * 7919) % 1000)
 		WHEN h < 85 THEN jsonb_build_object('account_id', $3 || s, 'amount', 1 + (s * 31 + sp * 17) % 100)
 		ELSE jsonb_build_object('account_id', $3 || s, 'note', 'note ' || sp) END
+	|| CASE WHEN $4::int > 0 THEN jsonb_build_object('pad', repeat(md5(s::text), $4::int / 32 * (1 + 4 * ((s + sp) % 7 = 0)::int))) ELSE '{}' END
 FROM generate_series(1, $2::int) AS sp
 CROSS JOIN generate_series(0, $1::int - 1) AS s
 CROSS JOIN LATERAL (SELECT abs(hashint4(s * 100003 + sp)) % 100 AS h) AS x
-ORDER BY sp, s`, streams, perStream, prefix)
+ORDER BY sp, s`, streams, perStream, prefix, pad)
 	// The dedup contract: within a stream, positions grow with
 	// stream_position. A bulk insert that broke it would test nothing.
 	if bad := r.queryInt(ctx, `SELECT count(*) FROM (

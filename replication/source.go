@@ -189,7 +189,18 @@ type Snapshot struct {
 	after   int64
 	query   string
 	Total   int64 // events visible in the snapshot
+	// rowBytes is the weight of the last page's rows on average (their
+	// JSON and rowOverhead), which sizes the next page under a byte bound.
+	rowBytes int64
 }
+
+// rowOverhead is what a row weighs in a page beside its JSON (as
+// apply.Weight counts an event).
+const rowOverhead = 1 << 10
+
+// firstPageRows bounds the first page read under a byte bound, before
+// the size of the rows is known.
+const firstPageRows = 256
 
 // OpenSnapshot imports the exported snapshot on a regular connection and
 // counts the events it sees (the first query that pins the snapshot). It
@@ -239,15 +250,25 @@ func OpenSnapshot(ctx context.Context, conn *pgx.Conn, src Source, snapshot stri
 	return s, nil
 }
 
-// Next returns the next page of at most n events; an empty page means the
-// snapshot is exhausted.
-func (s *Snapshot) Next(ctx context.Context, n int) ([]*event.Event, error) {
-	rows, err := s.tx.Query(ctx, s.query, s.formats, s.after, n)
+// Next returns the next page of at most n events and, when maxBytes > 0,
+// of about maxBytes of JSON at most (at least one event): big events make
+// smaller pages. An empty page means the snapshot is exhausted.
+func (s *Snapshot) Next(ctx context.Context, n int, maxBytes int64) ([]*event.Event, error) {
+	limit := n
+	if maxBytes > 0 {
+		if s.rowBytes > 0 {
+			limit = int(min(int64(n), max(maxBytes/s.rowBytes, 1)))
+		} else {
+			limit = min(n, firstPageRows)
+		}
+	}
+	rows, err := s.tx.Query(ctx, s.query, s.formats, s.after, limit)
 	if err != nil {
 		return nil, fmt.Errorf("read snapshot: %w", err)
 	}
 	defer rows.Close()
 	var out []*event.Event
+	var bytes int64
 	for rows.Next() {
 		var vals [numFields][]byte
 		for i, raw := range rows.RawValues() {
@@ -259,6 +280,13 @@ func (s *Snapshot) Next(ctx context.Context, n int) ([]*event.Event, error) {
 		}
 		out = append(out, ev)
 		s.after = ev.Position
+		bytes += int64(len(ev.RawData)+len(ev.RawMetadata)) + rowOverhead
+		if maxBytes > 0 && bytes >= maxBytes {
+			break // rows bigger than the last page's: the rest is read again
+		}
+	}
+	if len(out) > 0 {
+		s.rowBytes = bytes / int64(len(out))
 	}
 	return out, rows.Err()
 }

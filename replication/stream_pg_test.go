@@ -151,7 +151,7 @@ VALUES ('live-1', $1, $2, $3, '{"by": "test"}')`, i+1, typ, map[string]any{"amou
 	}
 	var backlog []*event.Event
 	for {
-		page, err := snap.Next(ctx, 2)
+		page, err := snap.Next(ctx, 2, 0)
 		if err != nil {
 			t.Fatal(err)
 		}
