@@ -180,13 +180,10 @@ type Served struct {
 
 // loadServed reads the served table, by projection.
 func loadServed(ctx context.Context, q event.Querier, schema string) (map[string]Served, error) {
-	rows, err := q.Query(ctx, "SELECT projection, version, serve_schema, promoted_at FROM "+pgx.Identifier{schema, "served"}.Sanitize())
+	list, err := event.QueryRows(ctx, q, "read served versions", pgx.RowToStructByPos[Served],
+		"SELECT projection, version, serve_schema, promoted_at FROM "+pgx.Identifier{schema, "served"}.Sanitize())
 	if err != nil {
-		return nil, fmt.Errorf("read served versions: %w", err)
-	}
-	list, err := pgx.CollectRows(rows, pgx.RowToStructByPos[Served])
-	if err != nil {
-		return nil, fmt.Errorf("read served versions: %w", err)
+		return nil, err
 	}
 	out := make(map[string]Served, len(list))
 	for _, s := range list {

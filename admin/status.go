@@ -102,22 +102,19 @@ func unconfiguredMembers(ctx context.Context, q event.Querier, schema, prefix st
 	for i, spec := range cfg.Projections {
 		projs[i], versions[i] = spec.Name, spec.Version
 	}
-	rows, err := q.Query(ctx, `SELECT w.projection, w.version, w.slot_name, coalesce(w.lsn::text, '')
+	scan := func(r pgx.CollectableRow) (UnconfiguredMember, error) {
+		var m UnconfiguredMember
+		err := r.Scan(&m.Projection, &m.Version, &m.Slot, &m.LSN)
+		return m, err
+	}
+	out, err := event.QueryRows(ctx, q, "read watermarks on group slots", scan, `SELECT w.projection, w.version, w.slot_name, coalesce(w.lsn::text, '')
 FROM `+pgx.Identifier{schema, "watermarks"}.Sanitize()+` AS w
 WHERE starts_with(w.slot_name, $1)
   AND NOT EXISTS (SELECT 1 FROM unnest($2::text[], $3::bigint[]) AS c (projection, version)
                   WHERE c.projection = w.projection AND c.version = w.version)
 ORDER BY w.slot_name, w.projection, w.version`, prefix+"_group_", projs, versions)
 	if err != nil {
-		return nil, fmt.Errorf("read watermarks on group slots: %w", err)
-	}
-	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (UnconfiguredMember, error) {
-		var m UnconfiguredMember
-		err := r.Scan(&m.Projection, &m.Version, &m.Slot, &m.LSN)
-		return m, err
-	})
-	if err != nil {
-		return nil, fmt.Errorf("read watermarks on group slots: %w", err)
+		return nil, err
 	}
 	return append([]UnconfiguredMember{}, out...), nil
 }

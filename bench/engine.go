@@ -20,6 +20,7 @@ import (
 
 	"github.com/pgscribe/pgscribe/config"
 	"github.com/pgscribe/pgscribe/engine"
+	"github.com/pgscribe/pgscribe/event"
 )
 
 // stopTimeout bounds a graceful stop of the engine before it is killed.
@@ -305,15 +306,11 @@ func (b *bench) waitWatermarks(ctx context.Context, db *database, p *engineProc,
 		if err := p.check(); err != nil {
 			return nil, err
 		}
-		rows, err := db.pool.Query(ctx, `SELECT w.projection FROM pgscribe.watermarks AS w
+		done, err := event.QueryRows(ctx, db.pool, "watermarks", pgx.RowTo[string], `SELECT w.projection FROM pgscribe.watermarks AS w
 			JOIN unnest($1::text[], $2::bigint[]) AS t (projection, version) USING (projection, version)
 			WHERE w.position >= $3`, names, versions, top)
 		if err != nil {
-			return nil, fmt.Errorf("watermarks: %w", err)
-		}
-		done, err := pgx.CollectRows(rows, pgx.RowTo[string])
-		if err != nil {
-			return nil, fmt.Errorf("watermarks: %w", err)
+			return nil, err
 		}
 		for _, name := range done {
 			if _, ok := reached[name]; !ok {

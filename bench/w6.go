@@ -93,14 +93,11 @@ func (b *bench) w6Run(ctx context.Context, w *Workload, hist history, poison boo
 		id, label = "W6p", "pgscribe, with poison"
 	}
 	targets := []target{{projection: "w6", version: 1}}
-	db, cfg, err := b.setup(ctx, id, targets)
+	db, cfg, err := b.setupFilled(ctx, w, id, targets, hist, genTxEvents)
 	if err != nil {
 		return err
 	}
 	defer b.srv.drop(context.WithoutCancel(ctx), db)
-	if err := b.fill(ctx, w, db, hist, genTxEvents); err != nil {
-		return err
-	}
 	n := hist.events()
 	var bad int64
 	if poison {

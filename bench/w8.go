@@ -75,14 +75,11 @@ func (b *bench) w8Run(ctx context.Context, w *Workload, n int64) error {
 	n = hist.events()
 	id := fmt.Sprintf("W8-%d", n)
 	targets := []target{{projection: "account", version: 1}}
-	db, cfg, err := b.setup(ctx, id, targets)
+	db, cfg, err := b.setupFilled(ctx, w, id, targets, hist, genTxEvents)
 	if err != nil {
 		return err
 	}
 	defer b.srv.drop(context.WithoutCancel(ctx), db)
-	if err := b.fill(ctx, w, db, hist, genTxEvents); err != nil {
-		return err
-	}
 	w.Events = max(w.Events, n)
 	w.Load = loadAverage()
 	say("%s: engine backfill of %s events (load %s) …", id, thousands(n), w.Load)

@@ -271,6 +271,20 @@ func (b *bench) fill(ctx context.Context, w *Workload, db *database, hist histor
 	return nil
 }
 
+// setupFilled is setup, then fill: the workload's database, holding its
+// history. The caller drops it.
+func (b *bench) setupFilled(ctx context.Context, w *Workload, id string, targets []target, hist history, txEvents int64) (*database, string, error) {
+	db, cfg, err := b.setup(ctx, id, targets)
+	if err != nil {
+		return nil, "", err
+	}
+	if err := b.fill(ctx, w, db, hist, txEvents); err != nil {
+		b.srv.drop(context.WithoutCancel(ctx), db)
+		return nil, "", err
+	}
+	return db, cfg, nil
+}
+
 // profileRun rebuilds the same read models as version 2 with the engine
 // running inside this process under the CPU profiler.
 func (b *bench) profileRun(ctx context.Context, w *Workload, db *database, models []model, n int64) error {
@@ -398,15 +412,12 @@ func (b *bench) catchUp(ctx context.Context, hist history) error {
 // its peak RSS with W1's.
 func (b *bench) memory(ctx context.Context, hist history) error {
 	targets := targetsOf([]model{balancesModel}, 1)
-	db, cfg, err := b.setup(ctx, "M5", targets)
+	w := &Workload{ID: "M5"}
+	db, cfg, err := b.setupFilled(ctx, w, "M5", targets, hist, genTxEvents)
 	if err != nil {
 		return err
 	}
 	defer b.srv.drop(context.WithoutCancel(ctx), db)
-	w := &Workload{ID: "M5"}
-	if err := b.fill(ctx, w, db, hist, genTxEvents); err != nil {
-		return err
-	}
 	say("M5: engine backfill of %s events (load %s) …", thousands(hist.events()), loadAverage())
 	logPath := filepath.Join(b.opts.rawDir, "m5-engine.log")
 	r, err := b.measure(ctx, db, func() (*engineProc, error) { return startBinary(b.opts.bin, cfg, logPath) }, targets, hist.events(), true)

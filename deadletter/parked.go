@@ -6,6 +6,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/pgscribe/pgscribe/event"
 )
 
 // This file holds the parked_events table (on_error = "park"): the events a
@@ -60,19 +62,12 @@ type ParkedStream struct {
 // ParkedStreams lists up to limit streams of a projection version that
 // hold parked events, by stream id.
 func ParkedStreams(ctx context.Context, q Querier, schema, projection string, version int64, limit int) ([]ParkedStream, error) {
-	rows, err := q.Query(ctx, `SELECT stream_id, count(*), min(stream_position), min(parked_at), max(parked_at)
-FROM `+pgx.Identifier{schema, "parked_events"}.Sanitize()+`
-WHERE projection = $1 AND version = $2 GROUP BY stream_id ORDER BY stream_id LIMIT $3`, projection, version, limit)
-	if err != nil {
-		return nil, fmt.Errorf("read parked streams: %w", err)
-	}
-	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (ParkedStream, error) {
+	scan := func(r pgx.CollectableRow) (ParkedStream, error) {
 		var p ParkedStream
 		err := r.Scan(&p.StreamID, &p.Held, &p.FirstPosition, &p.Since, &p.LastAdd)
 		return p, err
-	})
-	if err != nil {
-		return nil, fmt.Errorf("read parked streams: %w", err)
 	}
-	return out, nil
+	return event.QueryRows(ctx, q, "read parked streams", scan, `SELECT stream_id, count(*), min(stream_position), min(parked_at), max(parked_at)
+FROM `+pgx.Identifier{schema, "parked_events"}.Sanitize()+`
+WHERE projection = $1 AND version = $2 GROUP BY stream_id ORDER BY stream_id LIMIT $3`, projection, version, limit)
 }

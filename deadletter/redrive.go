@@ -73,19 +73,12 @@ type Discarded struct {
 func Discard(ctx context.Context, q Querier, schema string, f Filter) ([]Discarded, error) {
 	f.AfterID, f.Limit = 0, 0
 	where, args := f.where()
-	rows, err := q.Query(ctx, `WITH gone AS (DELETE FROM `+pgx.Identifier{schema, "dead_letters"}.Sanitize()+where+`
-  RETURNING projection, version, stream_id)
-SELECT projection, version, stream_id, count(*) FROM gone GROUP BY 1, 2, 3 ORDER BY 1, 2, 3`, args...)
-	if err != nil {
-		return nil, fmt.Errorf("discard dead letters: %w", err)
-	}
-	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (Discarded, error) {
+	scan := func(r pgx.CollectableRow) (Discarded, error) {
 		var d Discarded
 		err := r.Scan(&d.Projection, &d.Version, &d.StreamID, &d.Count)
 		return d, err
-	})
-	if err != nil {
-		return nil, fmt.Errorf("discard dead letters: %w", err)
 	}
-	return out, nil
+	return event.QueryRows(ctx, q, "discard dead letters", scan, `WITH gone AS (DELETE FROM `+pgx.Identifier{schema, "dead_letters"}.Sanitize()+where+`
+  RETURNING projection, version, stream_id)
+SELECT projection, version, stream_id, count(*) FROM gone GROUP BY 1, 2, 3 ORDER BY 1, 2, 3`, args...)
 }

@@ -2,6 +2,7 @@ package event
 
 import (
 	"context"
+	"fmt"
 	"strings"
 
 	"github.com/jackc/pgx/v5"
@@ -23,4 +24,19 @@ type Querier interface {
 	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
 	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
 	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}
+
+// QueryRows runs sql on q and collects its rows with fn; an error of the
+// query or of a row says what was read ("what: err").
+func QueryRows[T any](ctx context.Context, q interface {
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+}, what string, fn pgx.RowToFunc[T], sql string, args ...any) ([]T, error) {
+	rows, err := q.Query(ctx, sql, args...)
+	if err == nil {
+		var out []T
+		if out, err = pgx.CollectRows(rows, fn); err == nil {
+			return out, nil
+		}
+	}
+	return nil, fmt.Errorf("%s: %w", what, err)
 }

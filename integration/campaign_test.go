@@ -569,16 +569,22 @@ func (c *campaign) within(bound time.Duration, property, what string, cond func(
 	c.note("%s", what)
 }
 
+// haltsWithin polls, for every projection, cond of what halted says of it
+// (pgscribe_halted 1, /readyz 503) for bound, as within does; what is
+// "<cause>: <projection> <state>".
+func (c *campaign) haltsWithin(bound time.Duration, property, cause, state string, cond func(halted, notReady bool) bool) {
+	c.t.Helper()
+	for _, p := range c.pl.projs {
+		c.within(bound, property, cause+": "+p.name+" "+state, func() bool { return cond(c.halted(p.name)) })
+	}
+}
+
 // visibleHalt: a fault that cannot recover by itself shows on every
 // projection within haltVisible: pgscribe_halted 1 and /readyz 503.
 func (c *campaign) visibleHalt(fault string) {
 	c.t.Helper()
-	for _, p := range c.pl.projs {
-		c.within(haltVisible, "every fault visible or recovered", fault+": "+p.name+" halted visibly (pgscribe_halted 1, /readyz 503)", func() bool {
-			halted, notReady := c.halted(p.name)
-			return halted && notReady
-		})
-	}
+	c.haltsWithin(haltVisible, "every fault visible or recovered", fault, "halted visibly (pgscribe_halted 1, /readyz 503)",
+		func(halted, notReady bool) bool { return halted && notReady })
 }
 
 // statusHalted waits until `pgscribe status -json` shows every projection
@@ -615,12 +621,8 @@ func (c *campaign) statusHalted(fault string) {
 // by itself within waitLong.
 func (c *campaign) recovered(fix string) {
 	c.t.Helper()
-	for _, p := range c.pl.projs {
-		c.within(waitLong, "halts end once their cause does", fix+": "+p.name+" no longer halted", func() bool {
-			halted, _ := c.halted(p.name)
-			return !halted
-		})
-	}
+	c.haltsWithin(waitLong, "halts end once their cause does", fix, "no longer halted",
+		func(halted, _ bool) bool { return !halted })
 }
 
 // quiet holds the writers and checks the oracle: every projection

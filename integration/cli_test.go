@@ -172,12 +172,13 @@ func (e *cliEnv) setup(cfg string) {
 }
 
 // newCLIAccounts is the start of most CLI tests: an environment whose
-// configuration name runs projections, migrated, with accounts accounts
-// opened and moves 1..moves appended to each.
-func newCLIAccounts(t *testing.T, name, projections string, accounts, moves int) (*cliEnv, string) {
+// configuration name runs projections with the [engine] settings engine,
+// migrated, with accounts accounts opened and moves 1..moves appended to
+// each.
+func newCLIAccounts(t *testing.T, name, engine, projections string, accounts, moves int) (*cliEnv, string) {
 	t.Helper()
 	e := newCLIEnv(t)
-	cfg := e.config(name, "", "", projections)
+	cfg := e.config(name, "", engine, projections)
 	e.setup(cfg)
 	e.openAccounts(accounts)
 	e.moves(accounts, 1, moves)
@@ -331,7 +332,7 @@ func kindsOf(ds []admin.DeadLetterJSON) map[string]int {
 func TestCLIDeadLetters(t *testing.T) {
 	t.Parallel()
 	const accounts, bogus = 4, 3
-	e, cfg := newCLIAccounts(t, "dl", cliBalances+cliAudit, accounts, 15) // move 15: a withdrawal of 0 per account
+	e, cfg := newCLIAccounts(t, "dl", "", cliBalances+cliAudit, accounts, 15) // move 15: a withdrawal of 0 per account
 	e.bogus(bogus)
 	p := e.start(cfg)
 	e.waitAccounted(p, "balances", 1)
@@ -504,7 +505,7 @@ func mapsEq(a, b map[string]int) bool {
 // SIGTERM, with no engine needed for the command itself.
 func TestCLIStatus(t *testing.T) {
 	t.Parallel()
-	e, cfg := newCLIAccounts(t, "status", cliBalances, 3, 15)
+	e, cfg := newCLIAccounts(t, "status", "", cliBalances, 3, 15)
 	events := e.queryInt("SELECT count(*) FROM events")
 
 	s := e.status(cfg)
@@ -606,15 +607,11 @@ func TestCLIStatus(t *testing.T) {
 // (every 5 s) and for status to compute a rate and an ETA.
 func TestCLIStatusBackfillProgress(t *testing.T) {
 	t.Parallel()
-	e := newCLIEnv(t)
-	cfg := e.config("backfill", "", `parallelism         = 1
+	e, cfg := newCLIAccounts(t, "backfill", `parallelism         = 1
 batch_size          = 100
 backfill_batch_size = 100
 queue_size          = 100`, projectionTOML("slow", 1, "",
-		rule{name: "sleep", op: "sql", sql: "SELECT pg_sleep($1)", args: `["0.002"]`}))
-	e.setup(cfg)
-	e.openAccounts(100)
-	e.moves(100, 1, 99)
+		rule{name: "sleep", op: "sql", sql: "SELECT pg_sleep($1)", args: `["0.002"]`}), 100, 99)
 	total := e.queryInt("SELECT count(*) FROM events")
 
 	p := e.start(cfg)
@@ -790,7 +787,7 @@ REVOKE UPDATE ON pgscribe.leases FROM %[1]s`, role))
 func TestCLIReset(t *testing.T) {
 	t.Parallel()
 	const accounts = 5
-	e, cfg := newCLIAccounts(t, "reset", cliBalances, accounts, 15)
+	e, cfg := newCLIAccounts(t, "reset", "", cliBalances, accounts, 15)
 	p := e.start(cfg)
 	e.waitAccounted(p, "balances", 1)
 	// The cursors account for every event before the backfill records
@@ -906,7 +903,7 @@ func TestCLIReset(t *testing.T) {
 // engine holds the projection's lock, and works once it stopped.
 func TestCLIResetRefusesWhileActive(t *testing.T) {
 	t.Parallel()
-	e, cfg := newCLIAccounts(t, "active", cliBalances, 2, 3)
+	e, cfg := newCLIAccounts(t, "active", "", cliBalances, 2, 3)
 	p := e.start(cfg)
 	e.waitAccounted(p, "balances", 1)
 	waitFor(t, time.Minute, "status live", func() bool { return e.status(cfg).Projections[0].State == "live" })

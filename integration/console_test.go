@@ -255,7 +255,7 @@ func screenshotDir(t *testing.T) string {
 // listener with no engine running; the versions show as stopped, with
 // their dead letters, and Ctrl-C (SIGINT) ends it with exit 0.
 func TestConsoleStandalone(t *testing.T) {
-	e, cfg := newCLIAccounts(t, "standalone", cliBalances, 5, 15)
+	e, cfg := newCLIAccounts(t, "standalone", "", cliBalances, 5, 15)
 	p := e.start(cfg)
 	e.waitAccounted(p, "balances", 1)
 	p.stop()

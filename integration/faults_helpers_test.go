@@ -117,6 +117,16 @@ func inEveryFeed(t *testing.T, parallel bool, body func(t *testing.T)) {
 	}
 }
 
+// tickFaultTest is the start of most fault tests: body runs in parallel,
+// in every feed mode, with one projection of Tick events named name.
+func tickFaultTest(t *testing.T, name string, body func(t *testing.T, proj faultProjection)) {
+	t.Helper()
+	t.Parallel()
+	inEveryFeed(t, true, func(t *testing.T) {
+		body(t, faultProjection{name: name, types: []string{"Tick"}})
+	})
+}
+
 // feedOf is the mode of a test that inEveryFeed runs, "" for the others
 // (which set up their projections' groups themselves).
 func feedOf(t *testing.T) feedMode {

@@ -320,9 +320,7 @@ func TestFaultRenamedColumn(t *testing.T) {
 // (transient), nothing is lost or applied twice, the process never exits
 // and the projection never halts.
 func TestFaultTerminatedBackends(t *testing.T) {
-	t.Parallel()
-	inEveryFeed(t, true, func(t *testing.T) {
-		proj := faultProjection{name: "kill", types: []string{"Tick"}}
+	tickFaultTest(t, "kill", func(t *testing.T, proj faultProjection) {
 		e, p := startFault(t, 0, "", rounds("k", 10, 30, "Tick", nil), proj)
 		// Kill under live load. During the backfill a killed connection ends
 		// the whole session (its watermark and phase writes are not retried):
@@ -368,9 +366,7 @@ func TestFaultTerminatedBackends(t *testing.T) {
 // the cursors skip what was applied: exact result, no dead letter (a double
 // apply would be a unique violation on the rows' event id).
 func TestFaultDroppedSlot(t *testing.T) {
-	t.Parallel()
-	inEveryFeed(t, true, func(t *testing.T) {
-		proj := faultProjection{name: "slot", types: []string{"Tick"}}
+	tickFaultTest(t, "slot", func(t *testing.T, proj faultProjection) {
 		e, p := startFault(t, 5, "", rounds("s", 8, 10, "Tick", nil), proj)
 		p.stop()
 		slot := e.slot(proj.name)

@@ -110,9 +110,7 @@ func (e *faultEnv) holdsStill(t *testing.T, projection string, n int64, d time.D
 // within a second, holds after a kill -9 of that node (the standby that
 // takes over stays paused), and a resume ends with the exact read model.
 func TestOperatorPauseFailover(t *testing.T) {
-	t.Parallel()
-	inEveryFeed(t, true, func(t *testing.T) {
-		proj := faultProjection{name: "pz", types: []string{"Tick"}}
+	tickFaultTest(t, "pz", func(t *testing.T, proj faultProjection) {
 		backlog := make([]faultEvent, 0, 60)
 		for i := range 60 {
 			backlog = append(backlog, ev("b-"+string(rune('a'+i%6)), "Tick", int64(i)))
@@ -188,9 +186,7 @@ func TestOperatorPauseFailover(t *testing.T) {
 // TestOperatorPauseBackfill: a pause during a backfill holds the workers
 // (the snapshot stays open) and the resume finishes it exactly.
 func TestOperatorPauseBackfill(t *testing.T) {
-	t.Parallel()
-	inEveryFeed(t, true, func(t *testing.T) {
-		proj := faultProjection{name: "pb", types: []string{"Tick"}}
+	tickFaultTest(t, "pb", func(t *testing.T, proj faultProjection) {
 		e := newFaultEnv(t, 10, proj)
 		for round := range 6 {
 			evs := make([]faultEvent, 0, 2000)
@@ -232,9 +228,7 @@ func TestOperatorPauseBackfill(t *testing.T) {
 // projection; after the column is renamed back, `pgscribe resume` makes the
 // same process retry at once, and the read model ends exact.
 func TestOperatorResumeAfterHalt(t *testing.T) {
-	t.Parallel()
-	inEveryFeed(t, true, func(t *testing.T) {
-		proj := faultProjection{name: "hz", types: []string{"Tick"}}
+	tickFaultTest(t, "hz", func(t *testing.T, proj faultProjection) {
 		e, p := startFault(t, 10, "", []faultEvent{ev("a", "Tick", 1), ev("b", "Tick", 2)}, proj)
 		e.exec(t, `ALTER TABLE hz_rows RENAME COLUMN v TO v_gone`)
 		e.appendEvents(t, ev("a", "Tick", 3), ev("c", "Tick", 4))

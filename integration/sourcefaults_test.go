@@ -205,9 +205,7 @@ func resumedExact(t *testing.T, e *faultEnv, p *node, proj faultProjection, msgP
 }
 
 func TestSourceFaultPublicationDropped(t *testing.T) {
-	t.Parallel()
-	inEveryFeed(t, true, func(t *testing.T) {
-		proj := faultProjection{name: "pubdrop", types: []string{"Tick"}}
+	tickFaultTest(t, "pubdrop", func(t *testing.T, proj faultProjection) {
 		e, p := startFault(t, 5, "", rounds("p", 4, 10, "Tick", nil), proj)
 		admin := e.dsn
 		pub := scalar[string](t, e.pool, `SELECT pubname FROM pg_publication`)
@@ -233,9 +231,7 @@ func TestSourceFaultPublicationDropped(t *testing.T) {
 // snapshot at its position) though the source passes every check: the
 // engine resyncs once at start instead of looping.
 func TestSourceFaultPublicationRecreatedWhileStopped(t *testing.T) {
-	t.Parallel()
-	inEveryFeed(t, true, func(t *testing.T) {
-		proj := faultProjection{name: "pubgone", types: []string{"Tick"}}
+	tickFaultTest(t, "pubgone", func(t *testing.T, proj faultProjection) {
 		e, p := startFault(t, 5, "", rounds("g", 4, 10, "Tick", nil), proj)
 		admin := e.dsn
 		p.stop()
@@ -256,9 +252,7 @@ func TestSourceFaultPublicationRecreatedWhileStopped(t *testing.T) {
 }
 
 func TestSourceFaultSelectRevokedDuringBackfill(t *testing.T) {
-	t.Parallel()
-	inEveryFeed(t, true, func(t *testing.T) {
-		proj := faultProjection{name: "revoke", types: []string{"Tick"}}
+	tickFaultTest(t, "revoke", func(t *testing.T, proj faultProjection) {
 		e := newFaultEnv(t, 5, proj)
 		admin := e.dsn
 		role, _ := engineRole(t, e)
@@ -299,9 +293,7 @@ func TestSourceFaultSelectRevokedDuringBackfill(t *testing.T) {
 }
 
 func TestSourceFaultReplicationRemoved(t *testing.T) {
-	t.Parallel()
-	inEveryFeed(t, true, func(t *testing.T) {
-		proj := faultProjection{name: "norepl", types: []string{"Tick"}}
+	tickFaultTest(t, "norepl", func(t *testing.T, proj faultProjection) {
 		e, p, admin, role, _ := startAsRole(t, proj, "n")
 
 		// Taking REPLICATION away ends nothing running: the walsender's next
@@ -319,9 +311,7 @@ func TestSourceFaultReplicationRemoved(t *testing.T) {
 }
 
 func TestSourceFaultColumnRenamed(t *testing.T) {
-	t.Parallel()
-	inEveryFeed(t, true, func(t *testing.T) {
-		proj := faultProjection{name: "renamed", types: []string{"Tick"}}
+	tickFaultTest(t, "renamed", func(t *testing.T, proj faultProjection) {
 		e, p := startFault(t, 5, "", rounds("c", 4, 10, "Tick", nil), proj)
 		admin := e.dsn
 		// occurred_at is mapped and has a default, so events can still be
@@ -339,9 +329,7 @@ func TestSourceFaultColumnRenamed(t *testing.T) {
 }
 
 func TestSourceFaultUnreadableType(t *testing.T) {
-	t.Parallel()
-	inEveryFeed(t, true, func(t *testing.T) {
-		proj := faultProjection{name: "interval", types: []string{"Tick"}}
+	tickFaultTest(t, "interval", func(t *testing.T, proj faultProjection) {
 		e := newFaultEnv(t, 5, proj)
 		admin := e.dsn
 		// An occurred_at that is no point in time: nothing can read it.
@@ -364,9 +352,7 @@ func TestSourceFaultUnreadableType(t *testing.T) {
 }
 
 func TestSourceFaultWrongPassword(t *testing.T) {
-	t.Parallel()
-	inEveryFeed(t, true, func(t *testing.T) {
-		proj := faultProjection{name: "password", types: []string{"Tick"}}
+	tickFaultTest(t, "password", func(t *testing.T, proj faultProjection) {
 		e, p, _, role, password := startAsRole(t, proj, "w")
 		wrong := strings.Replace(e.dsn, ":"+password+"@", ":wrong"+password+"@", 1)
 		if conn, err := pgx.Connect(context.Background(), wrong); err == nil {

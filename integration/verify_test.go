@@ -194,12 +194,8 @@ func appendWhile(t *testing.T, dsn string, round func(conn *pgx.Conn, i int) err
 var driftLine = regexp.MustCompile(`(?m)^  (different|missing|extra)( \(shared\))? +\{.*$`)
 
 func TestCLIVerify(t *testing.T) {
-	e := newCLIEnv(t)
-	cfg := e.config("verify", "", "parallelism = 2\nbatch_size = 50", cliBalances)
-	e.setup(cfg)
 	const accounts = 40
-	e.openAccounts(accounts)
-	e.moves(accounts, 1, 20)
+	e, cfg := newCLIAccounts(t, "verify", "parallelism = 2\nbatch_size = 50", cliBalances, accounts, 20)
 	p := e.start(cfg)
 	e.waitAccounted(p, "balances", 1)
 

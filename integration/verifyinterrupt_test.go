@@ -62,12 +62,8 @@ func (e *cliEnv) startVerify(cfg string) (*os.Process, <-chan error, *strings.Bu
 // advisory lock went with the owner's session). A long verify reports its
 // progress on stderr, and -json gives the result to scripts.
 func TestCLIVerifyInterrupted(t *testing.T) {
-	e := newCLIEnv(t)
-	cfg := e.config("verify", "", "parallelism = 2\nbatch_size = 20", cliBalances)
-	e.setup(cfg)
 	const accounts = 100
-	e.openAccounts(accounts)
-	e.moves(accounts, 1, 300)
+	e, cfg := newCLIAccounts(t, "verify", "parallelism = 2\nbatch_size = 20", cliBalances, accounts, 300)
 	p := e.start(cfg)
 	e.waitAccounted(p, "balances", 1)
 	p.stop()

@@ -262,13 +262,19 @@ FROM pg_stat_statements WHERE dbid = (SELECT oid FROM pg_database WHERE datname 
 	// The view woke the sampler for a reading of its own, after the first:
 	// let it end, so that only the views are counted.
 	time.Sleep(5 * time.Second)
-	var size int
-	overview := make([]time.Duration, 0, runs*10)
-	dbOverview, err := dbTime(ctx, conn, runs*10, func() error {
-		d, n, err := get("/")
-		overview, size = append(overview, d), n
-		return err
-	})
+	// views GETs path n times: the wall time of each view, the database's
+	// time for them and the size of the last page.
+	views := func(path string, n int) ([]time.Duration, dbStat, int, error) {
+		wall := make([]time.Duration, 0, n)
+		var size int
+		db, err := dbTime(ctx, conn, n, func() error {
+			d, sz, err := get(path)
+			wall, size = append(wall, d), sz
+			return err
+		})
+		return wall, db, size, err
+	}
+	overview, dbOverview, size, err := views("/", runs*10)
 	if err != nil {
 		return err
 	}
@@ -276,12 +282,7 @@ FROM pg_stat_statements WHERE dbid = (SELECT oid FROM pg_database WHERE datname 
 		fmt.Sprintf("%.2f statements per view, %d KiB of HTML", dbOverview.perView, size/1024))
 
 	// A version page: one page of dead letters, counts, parked streams.
-	version := make([]time.Duration, 0, runs)
-	dbVersion, err := dbTime(ctx, conn, runs, func() error {
-		d, n, err := get("/v/p01/1")
-		version, size = append(version, d), n
-		return err
-	})
+	version, dbVersion, size, err := views("/v/p01/1", runs)
 	if err != nil {
 		return err
 	}
