@@ -18,6 +18,10 @@ type history struct {
 	// hash of the position, carry a reference of 48 characters (commit-time
 	// poison for a varchar(40) column, as W6's); 0 for none.
 	poison int64
+	// pad adds a "doc" field of about pad bytes to every event's data (big
+	// events, W9); 0 for none. Its text repeats, so TOAST stores it small;
+	// the engine reads it whole.
+	pad int64
 }
 
 // newHistory spreads about `events` events over `streams` streams; the
@@ -54,7 +58,7 @@ SELECT stream_id, pos, type,
       'reference', CASE WHEN (hashint8(-i) & 2147483647) % 1000 < $6::bigint THEN repeat('r', 40) || lpad(i::text, 8, '0')
         ELSE 'tx-' || i END, 'channel', (ARRAY['card', 'sepa', 'cash', 'wire'])[1 + h % 4],
       'description', 'payment ' || i || ' for order ' || h % 100000)
-  END,
+  END || CASE WHEN $7::bigint > 0 THEN jsonb_build_object('doc', repeat(md5(i::text), ($7::bigint / 32)::int)) ELSE '{}' END,
   jsonb_build_object('correlation_id', md5(i::text)::uuid, 'causation_id', md5((i + 1)::text)::uuid,
     'user_id', 'user-' || s % 500, 'source', 'bench', 'schema_version', 1),
   $5::timestamptz + i * interval '1 millisecond'
@@ -82,7 +86,7 @@ func (h history) generate(ctx context.Context, db *database, txEvents int64, pro
 	txEvents = max(txEvents, 1)
 	for lo := int64(0); lo < total; lo += txEvents {
 		hi := min(lo+txEvents, total)
-		if _, err := db.pool.Exec(ctx, generateSQL, lo, hi, h.perStream, h.active, historyEpoch, h.poison); err != nil {
+		if _, err := db.pool.Exec(ctx, generateSQL, lo, hi, h.perStream, h.active, historyEpoch, h.poison, h.pad); err != nil {
 			return fmt.Errorf("generate events [%d, %d): %w", lo, hi, err)
 		}
 		if progress != nil {

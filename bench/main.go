@@ -60,11 +60,12 @@ type options struct {
 	baseline                     string
 }
 
-var allWorkloads = []string{"W1", "W2", "W3", "W4", "W5", "W6", "W7", "W4P", "W8"}
+var allWorkloads = []string{"W1", "W2", "W3", "W4", "W5", "W6", "W7", "W4P", "W8", "W9"}
 
 // defaultWorkloads run without -workloads: W8 (verify at 1M and 5M events,
-// about a quarter of an hour more) only when asked for.
-var defaultWorkloads = allWorkloads[:len(allWorkloads)-1]
+// about a quarter of an hour more) and W9 (gigabytes of big events) only
+// when asked for.
+var defaultWorkloads = slices.DeleteFunc(slices.Clone(allWorkloads), func(w string) bool { return w == "W8" || w == "W9" })
 
 // presentationFlags may be set without making a run "quick": they do not
 // change what is measured.
@@ -92,7 +93,7 @@ func parseFlags(args []string) (options, error) {
 	fs.StringVar(&o.bin, "bin", "bin/pgscribe", "pgscribe binary to run")
 	fs.StringVar(&o.configPath, "config", "config.toml.example", "configuration whose projections the workloads run")
 	fs.StringVar(&o.schemaPath, "schema", "examples/demo/schema.sql", "read-model tables of those projections")
-	workloads := fs.String("workloads", strings.Join(defaultWorkloads, ","), "workloads to run, comma separated (W1…W8, W4P)")
+	workloads := fs.String("workloads", strings.Join(defaultWorkloads, ","), "workloads to run, comma separated (W1…W9, W4P)")
 	fs.Float64Var(&o.scale, "scale", 1, "multiplies event counts, the loop slice and W4 durations (0.1 = smoke run)")
 	fs.Int64Var(&o.events, "events", 1_000_000, "events of the backfill and catch-up workloads (before -scale)")
 	fs.Int64Var(&o.streams, "streams", 10_000, "streams (accounts) the events spread over")
@@ -286,6 +287,7 @@ func run(ctx context.Context, o options) error {
 		{"W7", b.w7},
 		{"W4P", b.livePoison},
 		{"W8", b.w8},
+		{"W9", b.w9},
 	}
 	for _, s := range steps {
 		if !o.has(s.id) {

@@ -85,8 +85,9 @@ type Row struct {
 	PeakRSSMB     float64       `json:"peak_rss_mb"`
 	EngineRatio   float64       `json:"engine_ratio"` // engine events/s ÷ this row's
 	InProcess     bool          `json:"in_process"`
-	OtherCores    float64       `json:"other_cores"`      // engine rows: cores busy outside the engine and PostgreSQL; -1 not measured
-	Poison        *PoisonCounts `json:"poison,omitempty"` // W6 engine rows: isolation, deadlocks, dead letters
+	OtherCores    float64       `json:"other_cores"`             // engine rows: cores busy outside the engine and PostgreSQL; -1 not measured
+	Poison        *PoisonCounts `json:"poison,omitempty"`        // W6 engine rows: isolation, deadlocks, dead letters
+	OldestXactS   float64       `json:"oldest_xact_s,omitempty"` // engine rows: the longest an engine transaction stayed open (sampled every second)
 }
 
 // LatencyRow is one W4 load step.
@@ -219,8 +220,8 @@ func (w *Workload) row(kind, projection string) (Row, bool) {
 }
 
 func (r Row) summary() string {
-	return fmt.Sprintf("%s: %s events/s over %.1f s, %.1f µs CPU/event, peak RSS %.1f MB",
-		r.Label, thousands(int64(r.Rate)), r.Seconds, r.CPUPerEvent, r.PeakRSSMB)
+	return fmt.Sprintf("%s: %s events/s over %.1f s, %.1f µs CPU/event, peak RSS %.1f MB, oldest engine transaction %.0f s",
+		r.Label, thousands(int64(r.Rate)), r.Seconds, r.CPUPerEvent, r.PeakRSSMB, r.OldestXactS)
 }
 
 func gitCommit() string {

@@ -442,16 +442,8 @@ func (b *bench) w7CatchUp(ctx context.Context, w *Workload, hist history, k int)
 	}
 	defer b.srv.drop(context.WithoutCancel(ctx), db)
 	say("W7: %d projection(s): first start on the empty events table …", k)
-	p, err := startBinary(b.opts.bin, cfg, filepath.Join(b.opts.rawDir, strings.ToLower(id)+"-first-start.log"))
-	if err != nil {
+	if err := b.firstStartEmpty(ctx, db, cfg, filepath.Join(b.opts.rawDir, strings.ToLower(id)+"-first-start.log"), targets); err != nil {
 		return w7CatchUp{}, err
-	}
-	if err := b.waitLive(ctx, db, p, targets); err != nil {
-		_ = p.stop()
-		return w7CatchUp{}, err
-	}
-	if err := p.stop(); err != nil {
-		return w7CatchUp{}, fmt.Errorf("stop after first start: %w", err)
 	}
 	if err := b.fill(ctx, w, db, hist, b.opts.w5TxEvents); err != nil {
 		return w7CatchUp{}, err

@@ -87,6 +87,7 @@ type engineRun struct {
 	inProc     bool
 	duration   time.Duration // start to the last target caught up
 	statements []Statement   // with -statements: PostgreSQL's heaviest statements of the run
+	oldestXact time.Duration // the longest an engine transaction was seen open (sampled every second)
 }
 
 // measure starts an engine and waits until every target accounted for n
@@ -105,6 +106,7 @@ func (b *bench) measure(ctx context.Context, db *database, start func() (*engine
 	// process, the bench's own for an in-process run.
 	s0 := sample{at: p.started, pgCPU: pg0, pgOK: pgOK, busy: busy0, bOK: busyOK}
 	s0.cpu, _ = processCPU(p.pid)
+	oldest := sampleOldestXact(ctx, db)
 	at, reached, err := b.waitAccounted(ctx, db, p, targets, n, backfilling)
 	p.stopProfile()
 	if err != nil {
@@ -113,7 +115,7 @@ func (b *bench) measure(ctx context.Context, db *database, start func() (*engine
 	}
 	r := engineRun{events: n, targets: targets, at: at, cpu: at.cpu - s0.cpu, otherCores: otherCores(s0, at),
 		reached: reached, pgOK: pgOK && at.pgOK, logs: map[string]backfillLog{}, inProc: p.inProcess,
-		duration: at.at.Sub(p.started)}
+		duration: at.at.Sub(p.started), oldestXact: oldest()}
 	if r.pgOK {
 		r.pgCPU = at.pgCPU - pg0
 	}
@@ -129,13 +131,65 @@ func (b *bench) measure(ctx context.Context, db *database, start func() (*engine
 	return r, err
 }
 
+// firstStartEmpty starts the engine on the empty events table, waits until
+// every target is live, and stops it: the slots exist, what is appended
+// next is a WAL catch-up.
+func (b *bench) firstStartEmpty(ctx context.Context, db *database, cfg, logPath string, targets []target) error {
+	p, err := startBinary(b.opts.bin, cfg, logPath)
+	if err != nil {
+		return err
+	}
+	if err := b.waitLive(ctx, db, p, targets); err != nil {
+		_ = p.stop()
+		return err
+	}
+	if err := p.stop(); err != nil {
+		return fmt.Errorf("stop after first start: %w", err)
+	}
+	return nil
+}
+
+// sampleOldestXact samples, every second until the returned function is
+// called, how long the oldest open transaction of the engine's sessions
+// (application_name pgscribe…) and of the database's walsenders has been
+// open, and returns the longest seen: what holds the cluster's xmin
+// horizon back while the engine runs.
+func sampleOldestXact(ctx context.Context, db *database) func() time.Duration {
+	ctx, cancel := context.WithCancel(ctx)
+	done := make(chan time.Duration, 1)
+	go func() {
+		var worst time.Duration
+		t := time.NewTicker(time.Second)
+		defer t.Stop()
+		for {
+			var s float64
+			err := db.pool.QueryRow(ctx, `SELECT coalesce(max(extract(epoch FROM clock_timestamp() - xact_start)), 0)::float8
+FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()
+  AND (application_name LIKE 'pgscribe%' OR backend_type = 'walsender')`).Scan(&s)
+			if err == nil {
+				worst = max(worst, time.Duration(s*float64(time.Second)))
+			}
+			select {
+			case <-ctx.Done():
+				done <- worst
+				return
+			case <-t.C:
+			}
+		}
+	}()
+	return func() time.Duration {
+		cancel()
+		return <-done
+	}
+}
+
 // engineRows turns a run into result rows: one per projection, plus one
 // for all of them when there are several.
 func (r engineRun) rows(label string) []Row {
 	k := int64(len(r.targets))
 	per := float64(r.events * k)
 	base := Row{Kind: "engine", Events: r.events, CPUPerEvent: us(r.cpu) / per, PGCPUPerEvent: -1,
-		PeakRSSMB: mb(r.at.hwm), InProcess: r.inProc, OtherCores: r.otherCores}
+		PeakRSSMB: mb(r.at.hwm), InProcess: r.inProc, OtherCores: r.otherCores, OldestXactS: r.oldestXact.Seconds()}
 	if r.pgOK {
 		base.PGCPUPerEvent = us(r.pgCPU) / per
 	}
@@ -362,17 +416,8 @@ func (b *bench) catchUp(ctx context.Context, hist history) error {
 	w := b.res.workload("W5", "WAL catch-up: balances streamed from the slot after a stop",
 		fmt.Sprintf("engine live on an empty table, stopped; %s events appended in transactions of %d; engine restarted",
 			thousands(n), b.opts.w5TxEvents), n)
-	logPath := filepath.Join(b.opts.rawDir, "w5-first-start.log")
-	p, err := startBinary(b.opts.bin, cfg, logPath)
-	if err != nil {
+	if err := b.firstStartEmpty(ctx, db, cfg, filepath.Join(b.opts.rawDir, "w5-first-start.log"), targets); err != nil {
 		return err
-	}
-	if err := b.waitLive(ctx, db, p, targets); err != nil {
-		_ = p.stop()
-		return err
-	}
-	if err := p.stop(); err != nil {
-		return fmt.Errorf("stop after first start: %w", err)
 	}
 	// The decode-only reference's slot must exist before the backlog is
 	// written; it streams only after the engine's run.
@@ -388,7 +433,7 @@ func (b *bench) catchUp(ctx context.Context, hist history) error {
 	}
 	w.Load = loadAverage()
 	say("W5: engine restart and catch-up (load %s) …", w.Load)
-	logPath = filepath.Join(b.opts.rawDir, "w5-engine.log")
+	logPath := filepath.Join(b.opts.rawDir, "w5-engine.log")
 	r, err := b.measure(ctx, db, func() (*engineProc, error) { return startBinary(b.opts.bin, cfg, logPath) }, targets, n, false)
 	if err != nil {
 		return err

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -269,6 +270,16 @@ func (s *session) plan(ctx context.Context) (event.LSN, error) {
 	default:
 		s.log.Info("first start: creating slot and backfilling from its snapshot", "slot", s.slot)
 	}
+	if s.rebuild && haveWM && wm.Phase == "live" {
+		// Before any slot is dropped or created: a kill between the new
+		// slot's creation and the backfill's start would otherwise leave a
+		// live watermark on a slot whose consistent point is past events
+		// never applied, and the next start would resume from it (found by
+		// TestGroupKill9WhileJoining, killed during a resync).
+		if err := setPhase(ctx, s.store, s.fenced, "backfilling", 0, 0); err != nil {
+			return 0, err
+		}
+	}
 	if s.rebuild && slot.Exists {
 		if err := replication.DropSlot(ctx, s.srcConn, s.slot); err != nil {
 			return 0, atSource(err)
@@ -421,7 +432,9 @@ func (s *session) replicate(ctx context.Context, connp **pgconn.PgConn) error {
 	sink := &ledgerSink{ledger: s.ledger, parts: s.parts}
 	if s.rebuild {
 		s.setState(StateBackfilling)
-		if err := s.backfill(ctx, replConn, sink); err != nil {
+		err := s.backfill(ctx, connp, sink)
+		replConn = *connp
+		if err != nil {
 			return err
 		}
 		s.backfilling.Store(false)
@@ -528,7 +541,15 @@ func (s *session) streamAndJoin(ctx context.Context, replConn *pgconn.PgConn, si
 // visible in it, and marks the projection live. Crash-safe at any point: a
 // restart finds phase "backfilling" and rebuilds from a new snapshot, and
 // per-stream cursors skip what was applied.
-func (s *session) backfill(ctx context.Context, replConn *pgconn.PgConn, sink *ledgerSink) error {
+//
+// No transaction stays open while it reads: the snapshot's transaction
+// counts the events and ends, and each page is read in a transaction of
+// its own, a scout on the slot telling apart what committed since (see
+// replication.Scout). The scout streams on the replication connection
+// the slot was created on (which also ends the walsender's snapshot
+// transaction); *connp is a new one for the stream after the backfill.
+func (s *session) backfill(ctx context.Context, connp **pgconn.PgConn, sink *ledgerSink) error {
+	replConn := *connp
 	consistent, snapName, err := replication.CreateSlot(ctx, replConn, s.slot)
 	if err != nil {
 		return atSource(err)
@@ -559,6 +580,17 @@ func (s *session) backfill(ctx context.Context, replConn *pgconn.PgConn, sink *l
 			return err
 		}
 	}
+	if err := snap.Release(ctx); err != nil {
+		return atSource(err)
+	}
+	scout := replication.StartScout(ctx, replConn, s.src, consistent, snap.UpTo,
+		replication.StreamOptions{StallTimeout: s.cfg.Engine.StallTimeout, Logger: s.log})
+	scouting := true
+	defer func() {
+		if scouting {
+			_ = scout.Stop()
+		}
+	}()
 	if err := startBackfill(ctx, s.store, s.fenced, s.slot, consistent, snap.Total); err != nil {
 		return err
 	}
@@ -574,6 +606,16 @@ func (s *session) backfill(ctx context.Context, replConn *pgconn.PgConn, sink *l
 		}
 		if len(evs) == 0 {
 			break
+		}
+		// The page holds the snapshot's events and those of transactions
+		// committed since, which the stream delivers after the backfill.
+		if err := scout.Wait(ctx, snap.Seen); err != nil {
+			return atSlot(err)
+		}
+		read := len(evs)
+		evs = slices.DeleteFunc(evs, func(ev *event.Event) bool { return scout.Streamed(ev.Position) })
+		if len(evs) < read {
+			s.log.Info("backfill page: events committed after the snapshot left to the stream", "events", read-len(evs))
 		}
 		// A snapshot batch is one transaction of the ledger, sealed at 0:
 		// it never moves the slot's watermark by itself.
@@ -591,6 +633,22 @@ func (s *session) backfill(ctx context.Context, replConn *pgconn.PgConn, sink *l
 			s.logProgress(done, snap.Total, started)
 			_ = setPhase(ctx, s.store, s.fenced, "backfilling", snap.Total, done)
 		}
+	}
+	// The stream after the backfill reads the slot again from the
+	// consistent point, on a connection of its own once the scout's
+	// walsender has let the slot go.
+	scouting = false
+	if err := scout.Stop(); err != nil {
+		return atSlot(err)
+	}
+	replConn.Close(context.WithoutCancel(ctx))
+	c, err := replication.ConnectReplication(ctx, s.cfg.Database.URL)
+	if err != nil {
+		return atSource(err)
+	}
+	*connp = c
+	if err := replication.TerminateSlotHolder(ctx, s.srcConn, s.slot); err != nil {
+		return atSource(err)
 	}
 	if !snapTime.IsZero() {
 		sink.Commit(sink.Begin(0, snapTime), 0)

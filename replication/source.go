@@ -178,7 +178,9 @@ func CreateSlot(ctx context.Context, conn *pgconn.PgConn, slot string) (consiste
 var snapshotName = regexp.MustCompile(`^[0-9A-Fa-f-]+$`)
 
 // Snapshot reads the events visible in an exported snapshot, in position
-// order, in pages. It holds one REPEATABLE READ transaction open.
+// order, in pages. It opens a REPEATABLE READ transaction on the snapshot;
+// after Release, each page is read in a transaction of its own (see Scout)
+// and Seen says where the WAL stood when it was read.
 type Snapshot struct {
 	conn    *pgx.Conn
 	tx      pgx.Tx
@@ -189,6 +191,13 @@ type Snapshot struct {
 	after   int64
 	query   string
 	Total   int64 // events visible in the snapshot
+	// UpTo is the highest position the snapshot sees: no page reads
+	// above it (what commits later with a higher position streams).
+	UpTo int64
+	// Seen is the WAL insert position read after the last page, once
+	// Release has ended the snapshot's transaction: every transaction the
+	// page saw committed below it.
+	Seen event.LSN
 	// rowBytes is the weight of the last page's rows on average (their
 	// JSON and rowOverhead), which sizes the next page under a byte bound.
 	rowBytes int64
@@ -222,7 +231,8 @@ func OpenSnapshot(ctx context.Context, conn *pgx.Conn, src Source, snapshot stri
 	if _, err := tx.Exec(ctx, "SET TRANSACTION SNAPSHOT '"+snapshot+"'"); err != nil {
 		return fail(fmt.Errorf("import snapshot: %w", err))
 	}
-	if err := tx.QueryRow(ctx, "SELECT count(*) FROM "+src.tableIdent()).Scan(&s.Total); err != nil {
+	pos := pgx.Identifier{src.Columns.Position}.Sanitize()
+	if err := tx.QueryRow(ctx, "SELECT count(*), coalesce(max("+pos+")::bigint, -9223372036854775808) FROM "+src.tableIdent()).Scan(&s.Total, &s.UpTo); err != nil {
 		return fail(fmt.Errorf("count events in snapshot: %w", err))
 	}
 	// The text the rows are read in is what pgoutput prints on the
@@ -242,12 +252,31 @@ func OpenSnapshot(ctx context.Context, conn *pgx.Conn, src Source, snapshot stri
 		s.fields = append(s.fields, f)
 		s.formats = append(s.formats, pgx.TextFormatCode)
 	}
-	pos := pgx.Identifier{src.Columns.Position}.Sanitize()
-	// $1 is cast so that an integer position column compares with the
-	// bigint cursor of the page.
-	s.query = fmt.Sprintf(`SELECT %s FROM %s WHERE %s > $1::bigint ORDER BY %s LIMIT $2`,
-		strings.Join(sel, ", "), src.tableIdent(), pos, pos)
+	// $1 and $3 are cast so that an integer position column compares with
+	// the bigint bounds of the page.
+	s.query = fmt.Sprintf(`SELECT %s FROM %s WHERE %s > $1::bigint AND %s <= $3::bigint ORDER BY %s LIMIT $2`,
+		strings.Join(sel, ", "), src.tableIdent(), pos, pos, pos)
 	return s, nil
+}
+
+// Release ends the snapshot's transaction: the pages that follow are read
+// in transactions of their own, each seeing what committed since, which a
+// Scout tells apart. What needs the snapshot itself (Heads, the commit
+// time of its newest events) is read before.
+func (s *Snapshot) Release(ctx context.Context) error {
+	if s.tx == nil {
+		return nil
+	}
+	err := s.tx.Rollback(context.WithoutCancel(ctx))
+	s.tx = nil
+	if err != nil {
+		return fmt.Errorf("end snapshot transaction: %w", err)
+	}
+	// The session settings the snapshot's transaction had locally.
+	if _, err := s.conn.Exec(ctx, "SET DateStyle = 'ISO'; SET TimeZone = 'UTC'"); err != nil {
+		return fmt.Errorf("set snapshot session: %w", err)
+	}
+	return nil
 }
 
 // Next returns the next page of at most n events and, when maxBytes > 0,
@@ -262,7 +291,13 @@ func (s *Snapshot) Next(ctx context.Context, n int, maxBytes int64) ([]*event.Ev
 			limit = min(n, firstPageRows)
 		}
 	}
-	rows, err := s.tx.Query(ctx, s.query, s.formats, s.after, limit)
+	var q interface {
+		Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+	} = s.conn
+	if s.tx != nil {
+		q = s.tx
+	}
+	rows, err := q.Query(ctx, s.query, s.formats, s.after, limit, s.UpTo)
 	if err != nil {
 		return nil, fmt.Errorf("read snapshot: %w", err)
 	}
@@ -288,7 +323,20 @@ func (s *Snapshot) Next(ctx context.Context, n int, maxBytes int64) ([]*event.Ev
 	if len(out) > 0 {
 		s.rowBytes = bytes / int64(len(out))
 	}
-	return out, rows.Err()
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("read snapshot: %w", err)
+	}
+	if s.tx == nil {
+		var lsn string
+		if err := s.conn.QueryRow(ctx, "SELECT pg_current_wal_insert_lsn()::text").Scan(&lsn); err != nil {
+			return nil, fmt.Errorf("read snapshot: WAL position: %w", err)
+		}
+		if s.Seen, err = event.ParseLSN(lsn); err != nil {
+			return nil, err
+		}
+	}
+	return out, nil
 }
 
 // Head is where one stream stands at a position (see Heads).
@@ -335,8 +383,11 @@ FROM %s WHERE %s <= $1 GROUP BY 1`, id(c.StreamID), id(c.StreamPosition), id(c.P
 	return nil
 }
 
-// Close ends the snapshot transaction.
+// Close ends the snapshot transaction if Release did not.
 func (s *Snapshot) Close(ctx context.Context) error {
+	if s.tx == nil {
+		return nil
+	}
 	return s.tx.Rollback(context.WithoutCancel(ctx))
 }
 
