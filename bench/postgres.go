@@ -170,12 +170,21 @@ func (s *server) newDatabase(ctx context.Context, name string) (*database, error
 	if err != nil {
 		return nil, err
 	}
-	pool, err := pgxpool.New(ctx, dsn)
+	cfg, err := pgxpool.ParseConfig(dsn)
+	if err != nil {
+		return nil, err
+	}
+	// Told apart from the engine's sessions (sampleOldestXact).
+	cfg.ConnConfig.RuntimeParams["application_name"] = benchApplication
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
 		return nil, err
 	}
 	return &database{name: name, dsn: dsn, pool: pool}, nil
 }
+
+// benchApplication is the application_name of the bench's own sessions.
+const benchApplication = "pgscribe-bench"
 
 // drop closes the pool and drops the database with its slots.
 func (s *server) drop(ctx context.Context, db *database) {

@@ -150,10 +150,10 @@ func (b *bench) firstStartEmpty(ctx context.Context, db *database, cfg, logPath 
 }
 
 // sampleOldestXact samples, every second until the returned function is
-// called, how long the oldest open transaction of the engine's sessions
-// (application_name pgscribe…) and of the database's walsenders has been
-// open, and returns the longest seen: what holds the cluster's xmin
-// horizon back while the engine runs.
+// called, how long the oldest open transaction of the database's sessions
+// but the bench's own (walsenders included) has been open, and returns
+// the longest seen: what holds the cluster's xmin horizon back while the
+// engine runs.
 func sampleOldestXact(ctx context.Context, db *database) func() time.Duration {
 	ctx, cancel := context.WithCancel(ctx)
 	done := make(chan time.Duration, 1)
@@ -165,7 +165,7 @@ func sampleOldestXact(ctx context.Context, db *database) func() time.Duration {
 			var s float64
 			err := db.pool.QueryRow(ctx, `SELECT coalesce(max(extract(epoch FROM clock_timestamp() - xact_start)), 0)::float8
 FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()
-  AND (application_name LIKE 'pgscribe%' OR backend_type = 'walsender')`).Scan(&s)
+  AND application_name <> $1`, benchApplication).Scan(&s)
 			if err == nil {
 				worst = max(worst, time.Duration(s*float64(time.Second)))
 			}

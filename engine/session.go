@@ -554,7 +554,12 @@ func (s *session) backfill(ctx context.Context, connp **pgconn.PgConn, sink *led
 	if err != nil {
 		return atSource(err)
 	}
-	snapConn, err := pgx.Connect(ctx, s.cfg.Database.URL)
+	snapCfg, err := pgx.ParseConfig(s.cfg.Database.URL)
+	if err != nil {
+		return atSource(fmt.Errorf("connect for snapshot: %w", err))
+	}
+	snapCfg.RuntimeParams["application_name"] = "pgscribe backfill"
+	snapConn, err := pgx.ConnectConfig(ctx, snapCfg)
 	if err != nil {
 		return atSource(fmt.Errorf("connect for snapshot: %w", err))
 	}
@@ -597,19 +602,25 @@ func (s *session) backfill(ctx context.Context, connp **pgconn.PgConn, sink *led
 	started := time.Now()
 	lastLog := started
 	var done int64
+	pages, stopReading := s.readPages(ctx, snap)
+	defer stopReading()
 	for {
-		// A page is at most a quarter of the version's buffer_mb: the
-		// partitions' bound holds the rest.
-		evs, err := snap.Next(ctx, s.cfg.Engine.BackfillBatchSize, int64(s.cfg.Engine.BufferMB)<<18)
-		if err != nil {
-			return atSource(err)
+		var pg page
+		select {
+		case pg = <-pages:
+		case <-ctx.Done():
+			return ctx.Err()
 		}
+		if pg.err != nil {
+			return atSource(pg.err)
+		}
+		evs := pg.evs
 		if len(evs) == 0 {
 			break
 		}
 		// The page holds the snapshot's events and those of transactions
 		// committed since, which the stream delivers after the backfill.
-		if err := scout.Wait(ctx, snap.Seen); err != nil {
+		if err := scout.Wait(ctx, pg.seen); err != nil {
 			return atSlot(err)
 		}
 		read := len(evs)
@@ -665,6 +676,44 @@ func (s *session) backfill(ctx context.Context, connp **pgconn.PgConn, sink *led
 	s.log.Info("backfill complete", "events", done, "seconds", el.Round(time.Millisecond).Seconds(),
 		"events_per_second", int64(float64(done)/max(el.Seconds(), 1e-9)))
 	return nil
+}
+
+// page is one page of a backfill: its events, the WAL position read after
+// it (replication.Snapshot.Seen), or why it could not be read.
+type page struct {
+	evs  []*event.Event
+	seen event.LSN
+	err  error
+}
+
+// readPages reads the snapshot's pages a page ahead of the backfill, which
+// waits for the scout to pass each page's WAL position meanwhile: an empty
+// page or an error ends them. A page is at most a quarter of the
+// version's buffer_mb (the partitions' bound holds the rest, two pages
+// the reader). stop ends the reader and waits for it, before the
+// snapshot's connection closes.
+func (s *session) readPages(ctx context.Context, snap *replication.Snapshot) (pages <-chan page, stop func()) {
+	ctx, cancel := context.WithCancel(ctx)
+	out := make(chan page, 1)
+	ended := make(chan struct{})
+	go func() {
+		defer close(ended)
+		for {
+			evs, err := snap.Next(ctx, s.cfg.Engine.BackfillBatchSize, int64(s.cfg.Engine.BufferMB)<<18)
+			if err == nil && ctx.Err() != nil {
+				err = ctx.Err()
+			}
+			select {
+			case out <- page{evs: evs, seen: snap.Seen, err: err}:
+			case <-ctx.Done():
+				return
+			}
+			if err != nil || len(evs) == 0 {
+				return
+			}
+		}
+	}()
+	return out, func() { cancel(); <-ended }
 }
 
 // adoptHeads seeds the cursors of a first start with start_after_position

@@ -65,8 +65,11 @@ func StartScout(ctx context.Context, conn *pgconn.PgConn, src Source, consistent
 	return s
 }
 
-// scoutStatusInterval bounds the scout's standby status interval.
-const scoutStatusInterval = 100 * time.Millisecond
+// scoutStatusInterval bounds the scout's standby status interval: each
+// page of the backfill waits for a keepalive past its WAL position when no
+// write to the events table brings one, so at most about this long (with
+// 100 ms, 20,000 events of 256 KB took 22 s to backfill instead of 12).
+const scoutStatusInterval = 10 * time.Millisecond
 
 // ErrScoutStopped is Wait's error after Stop.
 var ErrScoutStopped = errors.New("scout stopped")
