@@ -328,15 +328,33 @@ func (s *Snapshot) Next(ctx context.Context, n int, maxBytes int64) ([]*event.Ev
 		return nil, fmt.Errorf("read snapshot: %w", err)
 	}
 	if s.tx == nil {
-		var lsn string
-		if err := s.conn.QueryRow(ctx, "SELECT pg_current_wal_insert_lsn()::text").Scan(&lsn); err != nil {
-			return nil, fmt.Errorf("read snapshot: WAL position: %w", err)
-		}
-		if s.Seen, err = event.ParseLSN(lsn); err != nil {
+		if s.Seen, err = s.flushedPast(ctx); err != nil {
 			return nil, err
 		}
 	}
 	return out, nil
+}
+
+// flushedPast returns a WAL position past the commit of every transaction
+// the last page saw, and makes sure it is flushed: the scout can only see
+// flushed WAL, and a backfill whose own batches keep WAL unflushed would
+// otherwise wait for their commits page after page. The position is read
+// in a transaction that takes a transaction id, so that its commit (a
+// synchronous one) flushes the WAL up to it.
+func (s *Snapshot) flushedPast(ctx context.Context) (event.LSN, error) {
+	var lsn string
+	err := pgx.BeginFunc(ctx, s.conn, func(tx pgx.Tx) error {
+		// Flushed here, not on a synchronous standby: a page need not wait
+		// for one.
+		if _, err := tx.Exec(ctx, "SET LOCAL synchronous_commit = local"); err != nil {
+			return err
+		}
+		return tx.QueryRow(ctx, "SELECT pg_current_wal_insert_lsn()::text, pg_current_xact_id()::text").Scan(&lsn, new(string))
+	})
+	if err != nil {
+		return 0, fmt.Errorf("read snapshot: WAL position: %w", err)
+	}
+	return event.ParseLSN(lsn)
 }
 
 // Head is where one stream stands at a position (see Heads).
