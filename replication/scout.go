@@ -71,9 +71,9 @@ func StartScout(ctx context.Context, conn *pgconn.PgConn, src Source, consistent
 // sends a keepalive by itself once it has read past what the scout last
 // acknowledged, and the page's position is flushed (Snapshot.Next), so
 // this is a fallback. Measured (W9, 256 KB events): every 10 ms made the
-// backfill 3× slower (each interrupted read costs pgconn a cancel
-// request); waiting for the server to flush the position by itself,
-// rather than flushing it, doubled its time.
+// backfill 3× slower (the cause was not established); waiting for the
+// server to flush the position by itself, rather than flushing it,
+// doubled its time.
 const scoutStatusInterval = 100 * time.Millisecond
 
 // ErrScoutStopped is Wait's error after Stop.
