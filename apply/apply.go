@@ -739,7 +739,20 @@ func (c *Committer) queueWrites(ctx context.Context, tx dbtx, pl *pipeline, inte
 type pipeline struct {
 	b       pgx.Batch
 	reads   []func(pgx.BatchResults) error
-	missing missTally // updates and deletes that matched no row
+	missing missTally         // updates and deletes that matched no row
+	tables  map[string]string // read-model table of each statement that writes one, by SQL
+}
+
+// wrote records that sql writes table, for send to name the table of a
+// statement the server refused to prepare.
+func (p *pipeline) wrote(sql, table string) {
+	if table == "" {
+		return
+	}
+	if p.tables == nil {
+		p.tables = map[string]string{}
+	}
+	p.tables[sql] = table
 }
 
 func (p *pipeline) add(sql string, args []any, read func(pgx.BatchResults) error) {
@@ -750,6 +763,7 @@ func (p *pipeline) add(sql string, args []any, read func(pgx.BatchResults) error
 // exec adds a statement whose failure is reported as a write to table
 // (none when empty).
 func (p *pipeline) exec(sql, table string, args ...any) {
+	p.wrote(sql, table)
 	p.add(sql, args, func(br pgx.BatchResults) error {
 		_, err := br.Exec()
 		if err != nil && table != "" {
@@ -764,10 +778,31 @@ func (p *pipeline) send(ctx context.Context, tx dbtx) error {
 	for _, read := range p.reads {
 		if err := read(br); err != nil {
 			_ = br.Close()
-			return err
+			return p.attribute(err)
 		}
 	}
 	return br.Close()
+}
+
+// attribute names the table of the statement that failed when the server
+// refused to prepare it (42703 after a column was renamed, …): pgx then
+// fails every result of the batch alike, the first one read included, so
+// the statement whose result was read is not the one that failed. It
+// depends on pgx's statement cache whether the failure comes at prepare
+// or at execution (TestFaultRenamedColumn found the first unnamed).
+func (p *pipeline) attribute(err error) error {
+	var pe pgx.ErrPreprocessingBatch
+	if !errors.As(err, &pe) {
+		return err
+	}
+	var se *statementError
+	if errors.As(err, &se) {
+		err = se.err
+	}
+	if table := p.tables[pe.SQL()]; table != "" {
+		return &statementError{table: table, err: err}
+	}
+	return err
 }
 
 // queuer adds Exec statements to a pipeline instead of running them; the
@@ -805,6 +840,7 @@ func (c *Committer) queueGroup(ctx context.Context, tx dbtx, pl *pipeline, g *gr
 		pl.exec(sql, g.shape.table, args...)
 		return nil
 	}
+	pl.wrote(sql, g.shape.table)
 	pl.add(sql, args, func(br pgx.BatchResults) error {
 		if err := pl.missing.read(br, g); err != nil {
 			return &statementError{table: g.shape.table, err: err}

@@ -300,3 +300,42 @@ func TestCommitFencedPG(t *testing.T) {
 			seen0, seen, applied0, applied, skipped0, skipped)
 	}
 }
+
+// TestCommitHaltNamesTheTablePG: a column renamed under the committer
+// halts it (42703), and the halt names the read-model table even when the
+// server refuses the statement at prepare, on a connection that never ran
+// it (pgx then fails every result of the batch alike, the fence check's
+// first): found by TestFaultRenamedColumn, which reaches that path or the
+// other depending on which pooled connection the batch gets.
+func TestCommitHaltNamesTheTablePG(t *testing.T) {
+	r := newRig(t, 1)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	evs := events(40, 4)
+	r.dispatch(evs[:20])
+	deadline := time.Now().Add(time.Minute)
+	for r.committed.Load() < 20 {
+		if time.Now().After(deadline) {
+			t.Fatal("the first events were not committed within a minute")
+		}
+		time.Sleep(10 * time.Millisecond) // polling a counter, bounded by the deadline above
+	}
+	if _, err := r.pool.Exec(ctx, "ALTER TABLE totals RENAME COLUMN n TO n_renamed"); err != nil {
+		t.Fatal(err)
+	}
+	r.pool.Reset() // new connections: no statement prepared on them
+	r.dispatch(evs[20:])
+	select {
+	case err := <-r.done:
+		r.done <- err
+		var h *apply.HaltError
+		if !errors.As(err, &h) {
+			t.Fatalf("the partitions ended with %v, want a halt", err)
+		}
+		if h.SQLState != "42703" || h.Table != "totals" {
+			t.Errorf("halt: SQLSTATE %q, table %q; want 42703 and totals (%v)", h.SQLState, h.Table, err)
+		}
+	case <-ctx.Done():
+		t.Fatal("no halt within a minute of the rename")
+	}
+}
