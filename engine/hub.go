@@ -49,6 +49,7 @@ type hub struct {
 	streaming bool                 // a stream runs: startLSN and lastBegun are valid
 	startLSN  event.LSN            // the stream delivers transactions committing at or after it
 	lastBegun event.LSN            // commit LSN of the stream's last transaction begun (0: none)
+	txAt      time.Time            // commit time of the transaction being delivered (the stream's goroutine only)
 	sent      event.LSN            // the stream sent every transaction below it
 	confirmed event.LSN            // the highest position the slot may be confirmed to (what streams sent, or found)
 	demand    chan struct{}        // a member wants the stream (capacity 1)
@@ -182,7 +183,7 @@ func (h *hub) deliver(ctx context.Context, m *member, msg hubMsg) error {
 	// did not reach it starts a new one.
 	account := func() bool {
 		now := time.Now()
-		if h.holdsOthers(m) {
+		if h.live(msg, now) && h.holdsOthers(m) {
 			m.slowFor += now.Sub(last)
 		}
 		last = now
@@ -212,6 +213,20 @@ func (h *hub) deliver(ctx context.Context, m *member, msg hubMsg) error {
 			}
 		}
 	}
+}
+
+// live says whether the stream delivers msg live: a transaction committed
+// less than a fifth of slow_member_timeout ago (1 s by default), or a
+// keepalive. In a catch-up the members' queues fill and drain with their
+// batches' commits, and one waiting for another for a moment is not slow:
+// W7's catch-up of 8 detached a member 0.4 s after the group started,
+// which then decoded the same WAL on a slot of its own (9.5 s against
+// 5.2; with the whole timeout as the horizon, still 4 detaches in the
+// backlog's last seconds). A member that makes a live stream wait is
+// detached long before the stream is that far behind (it waits 100 ms at
+// most). The stream's goroutine only.
+func (h *hub) live(msg hubMsg, now time.Time) bool {
+	return msg.kind == msgIdle || h.txAt.IsZero() || now.Sub(h.txAt) < h.cfg.slowAfter/5
 }
 
 // holdsOthers says whether another attached member's queue is at most a
@@ -785,6 +800,7 @@ func (s *hubSink) Begin(commit event.LSN, at time.Time) uint64 {
 	if h.streamCtx != nil {
 		h.holdForJoiners(h.streamCtx)
 	}
+	h.txAt = at
 	h.mu.Lock()
 	h.lastBegun = commit
 	h.tx = h.tx[:0]

@@ -347,6 +347,46 @@ func TestHubDetachesAMemberWhoseQueueStaysFull(t *testing.T) {
 	}
 }
 
+// A catch-up (transactions committed longer than slow_member_timeout ago)
+// holds nobody back either: a member whose queue stays full while
+// another's is low is not detached until the stream is live again.
+func TestHubDetachesNobodyInACatchUp(t *testing.T) {
+	h := testHub(2)
+	h.cfg.slowAfter = 100 * time.Millisecond
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	fast, slow := &recSink{}, &recSink{block: make(chan struct{})}
+	h.join(ctx, spec("fast"), fast, 0, "", false)
+	ms, _ := h.join(ctx, spec("slow"), slow, 0, "", false)
+	h.startedAt(0)
+	s := (*hubSink)(h)
+	s.Begin(10, time.Now().Add(-time.Minute)) // committed a minute ago
+	fed := make(chan error, 1)
+	go func() {
+		for p := 1; p <= memberQueue+100; p++ {
+			if err := s.Event(ctx, 0, &event.Event{Position: int64(p)}); err != nil {
+				fed <- err
+				return
+			}
+		}
+		fed <- nil
+	}()
+	select {
+	case <-ms.done:
+		t.Fatalf("detached in a catch-up: %v", ms.err)
+	case <-time.After(time.Second): // ten windows of slow_member_timeout
+	}
+	close(slow.block)
+	if err := <-fed; err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-ms.done:
+		t.Fatalf("detached in a catch-up: %v", ms.err)
+	default:
+	}
+}
+
 // When every member's queue is full (a catch-up the whole group is behind
 // in) nobody holds the others back: the stream waits, nobody is detached.
 func TestHubDetachesNobodyWhenAllQueuesAreFull(t *testing.T) {
