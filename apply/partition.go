@@ -89,9 +89,8 @@ func (p *Partitions) Dispatch(ctx context.Context, in Input) error {
 		}
 	}
 	in.held = w
-	q := p.queues[Partition(in.Event.StreamID, len(p.queues))]
 	select {
-	case q <- in:
+	case p.queue(in) <- in:
 		return nil
 	case <-ctx.Done():
 		p.release(w)
@@ -107,14 +106,18 @@ func (p *Partitions) TryDispatch(in Input) bool {
 		return false
 	}
 	in.held = w
-	q := p.queues[Partition(in.Event.StreamID, len(p.queues))]
 	select {
-	case q <- in:
+	case p.queue(in) <- in:
 		return true
 	default:
 		p.release(w)
 		return false
 	}
+}
+
+// queue is the queue of in's stream's partition.
+func (p *Partitions) queue(in Input) chan<- Input {
+	return p.queues[Partition(in.Event.StreamID, len(p.queues))]
 }
 
 // weight is what in holds of the byte bound: 0 without one, or for a

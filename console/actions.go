@@ -180,6 +180,21 @@ func (s *Server) actionRequest(w http.ResponseWriter, r *http.Request) (actionPa
 	return p, true
 }
 
+// onAction serves h with the request's actionPage; a request that
+// actionRequest answered already goes no further.
+func (s *Server) onAction(h func(http.ResponseWriter, *http.Request, actionPage)) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		if ap, ok := s.actionRequest(w, r); ok {
+			h(w, r, ap)
+		}
+	}
+}
+
+// filter is the dead-letter filter of the page's selection.
+func (p actionPage) filter() deadletter.Filter {
+	return p.Selection.filter(p.Projection, p.Version)
+}
+
 type confirmData struct {
 	actionPage
 	Matching   int64
@@ -189,24 +204,19 @@ type confirmData struct {
 
 // confirm shows what an action will do, with a dry run for the dead-letter
 // actions, and the form that does it.
-func (s *Server) confirm(w http.ResponseWriter, r *http.Request) {
-	ap, ok := s.actionRequest(w, r)
-	if !ok {
-		return
-	}
+func (s *Server) confirm(w http.ResponseWriter, r *http.Request, ap actionPage) {
 	d := confirmData{actionPage: ap}
-	a, proj, ver, sel := ap.Action, ap.Projection, ap.Version, ap.Selection
-	if a.DeadLetters {
+	if ap.Action.DeadLetters {
 		ctx, cancel := context.WithTimeout(r.Context(), s.opts.ActionTimeout)
 		defer cancel()
-		f := sel.filter(proj, ver)
+		f := ap.filter()
 		st, err := deadletter.GetStats(ctx, s.target, s.cfg.Engine.Schema, f)
 		if err != nil {
 			d.PreviewErr = err.Error()
 		}
 		d.Matching = st.Total
 		var out bytes.Buffer
-		switch a.Name {
+		switch ap.Action.Name {
 		case "retry":
 			err = admin.RetryDeadLetters(ctx, s.cfg, admin.RetryOptions{Filter: f, DryRun: true, Programs: s.progs}, &out)
 		case "discard":
@@ -225,24 +235,20 @@ func (s *Server) confirm(w http.ResponseWriter, r *http.Request) {
 
 type resultData struct {
 	actionPage
-	Output  string
-	Err     string
-	Refused bool
+	Output string
+	Err    string
 }
 
-// act runs a confirmed action.
-func (s *Server) act(w http.ResponseWriter, r *http.Request) {
-	ap, ok := s.actionRequest(w, r)
-	if !ok {
-		return
-	}
+// act runs a confirmed action. A refusal answers 403 (no authority) or
+// 409 (the action's own refusal).
+func (s *Server) act(w http.ResponseWriter, r *http.Request, ap actionPage) {
 	d := resultData{actionPage: ap}
 	a, proj, ver, sel := ap.Action, ap.Projection, ap.Version, ap.Selection
 	who, err := s.authorize(r)
 	if err != nil {
 		s.log.Warn("console action refused", "action", a.Name, "projection", proj, "version", ver,
 			"remote_addr", r.RemoteAddr, "err", err)
-		d.Err, d.Refused = err.Error(), true
+		d.Err = err.Error()
 		s.render(w, http.StatusForbidden, "result", d)
 		return
 	}
@@ -250,7 +256,7 @@ func (s *Server) act(w http.ResponseWriter, r *http.Request) {
 	defer cancel()
 	by := "pgscribe console: " + who
 	var out bytes.Buffer
-	f := sel.filter(proj, ver)
+	f := ap.filter()
 	switch a.Name {
 	case "pause":
 		err = admin.Pause(ctx, s.cfg, admin.ControlOptions{Projection: proj, Version: ver, Reason: r.PostFormValue("reason"), By: by}, &out)
@@ -275,7 +281,7 @@ func (s *Server) act(w http.ResponseWriter, r *http.Request) {
 		d.Err = err.Error()
 		status = http.StatusInternalServerError
 		if errors.Is(err, admin.ErrRefused) || errors.Is(err, admin.ErrWrongCommand) {
-			status, d.Refused = http.StatusConflict, true
+			status = http.StatusConflict
 		}
 		s.log.Warn("console action failed", append(attrs, "err", err)...)
 	} else {

@@ -149,8 +149,8 @@ func (s *Server) routes() {
 	m.HandleFunc("GET /{$}", s.overview)
 	m.HandleFunc("GET /api/status", s.statusJSON)
 	m.HandleFunc("GET /v/{projection}/{version}", s.versionPage)
-	m.HandleFunc("GET /v/{projection}/{version}/{action}", s.confirm)
-	m.HandleFunc("POST /v/{projection}/{version}/{action}", s.act)
+	m.HandleFunc("GET /v/{projection}/{version}/{action}", s.onAction(s.confirm))
+	m.HandleFunc("POST /v/{projection}/{version}/{action}", s.onAction(s.act))
 	s.mux = m
 }
 

@@ -67,7 +67,7 @@ FROM events o WHERE o.type = 'AccountOpened'`
 
 // cliEnv is one test's database, configuration directory and binary.
 type cliEnv struct {
-	t      *testing.T
+	testDB // on conn
 	dsn    string
 	dir    string
 	bin    string
@@ -86,7 +86,7 @@ func newCLIEnv(t *testing.T) *cliEnv {
 		t.Fatalf("connect: %v", err)
 	}
 	t.Cleanup(func() { conn.Close(context.Background()) })
-	return &cliEnv{t: t, dsn: dsn, dir: t.TempDir(), bin: bin, prefix: uniqueID("cli"), conn: conn}
+	return &cliEnv{testDB: testDB{t: t, q: conn}, dsn: dsn, dir: t.TempDir(), bin: bin, prefix: uniqueID("cli"), conn: conn}
 }
 
 // config writes a configuration file and returns its path. source and
@@ -151,16 +151,6 @@ func (e *cliEnv) mustRun(code int, args ...string) cliResult {
 		e.t.Fatalf("pgscribe %s: want exit %d, got %s", strings.Join(args, " "), code, r)
 	}
 	return r
-}
-
-func (e *cliEnv) exec(sql string, args ...any) {
-	e.t.Helper()
-	mustExec(e.t, e.conn, sql, args...)
-}
-
-func (e *cliEnv) queryInt(sql string, args ...any) int64 {
-	e.t.Helper()
-	return scalar[int64](e.t, e.conn, sql, args...)
 }
 
 // setup migrates (through the binary, creating the events table and the

@@ -282,6 +282,24 @@ func scalar[T any](t testing.TB, q querier, sql string, args ...any) T {
 	return v
 }
 
+// testDB runs a test environment's statements on its connection or pool,
+// failing its test when one fails.
+type testDB struct {
+	t *testing.T
+	q querier
+}
+
+func (d testDB) exec(sql string, args ...any) {
+	d.t.Helper()
+	mustExec(d.t, d.q, sql, args...)
+}
+
+// queryInt runs a one-integer query.
+func (d testDB) queryInt(sql string, args ...any) int64 {
+	d.t.Helper()
+	return scalar[int64](d.t, d.q, sql, args...)
+}
+
 // sqlHead is the first line of a statement, for messages.
 func sqlHead(s string) string {
 	s = strings.TrimSpace(s)

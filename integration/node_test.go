@@ -179,11 +179,16 @@ func (n *node) metricsAddr() string {
 	return n.addr
 }
 
+// runDone is closed when the current run exits (nil before the first).
+func (n *node) runDone() <-chan struct{} {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return n.done
+}
+
 // running reports whether the current run has not exited.
 func (n *node) running() bool {
-	n.mu.Lock()
-	exited := n.done
-	n.mu.Unlock()
+	exited := n.runDone()
 	if exited == nil {
 		return false
 	}
@@ -252,11 +257,8 @@ func (n *node) signal(sig syscall.Signal) {
 // wait waits for the current run to exit and returns its exit code.
 func (n *node) wait(timeout time.Duration) int {
 	n.t.Helper()
-	n.mu.Lock()
-	exited := n.done
-	n.mu.Unlock()
 	select {
-	case <-exited:
+	case <-n.runDone():
 	case <-time.After(timeout):
 		n.t.Fatalf("%s still running %s after being told to stop", n.name, timeout)
 	}
@@ -321,10 +323,7 @@ func (n *node) cleanup() {
 		n.expectExit.Store(true)
 		_ = syscall.Kill(n.pid(), syscall.SIGCONT) // a stopped process cannot die
 		_ = syscall.Kill(n.pid(), syscall.SIGKILL)
-		n.mu.Lock()
-		exited := n.done
-		n.mu.Unlock()
-		<-exited
+		<-n.runDone()
 	}
 	n.mu.Lock()
 	out := strings.Join(n.lines, "\n")

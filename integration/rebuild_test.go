@@ -63,7 +63,7 @@ FROM events WHERE type IN ('Deposited', 'Withdrawn') GROUP BY stream_id`
 
 // rbEnv is one test's database, configuration files and processes.
 type rbEnv struct {
-	t      *testing.T
+	testDB // on pool
 	dsn    string
 	dir    string
 	prefix string // slot_prefix, unique on the shared server
@@ -82,14 +82,14 @@ type rbVersion struct {
 func newRB(t *testing.T) *rbEnv {
 	t.Helper()
 	dsn := newDatabase(t)
-	e := &rbEnv{t: t, dsn: dsn, dir: t.TempDir(), prefix: uniqueID("rb")}
+	e := &rbEnv{testDB: testDB{t: t}, dsn: dsn, dir: t.TempDir(), prefix: uniqueID("rb")}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	pool, err := pgxpool.New(ctx, dsn)
 	if err != nil {
 		t.Fatal(err)
 	}
-	e.pool = pool
+	e.pool, e.q = pool, pool
 	t.Cleanup(pool.Close)
 	return e
 }
@@ -149,16 +149,6 @@ func (e *rbEnv) start(args ...string) *node {
 	n.noListener = true // [metrics] listen = "off"
 	n.start()
 	return n
-}
-
-func (e *rbEnv) exec(sql string, args ...any) {
-	e.t.Helper()
-	mustExec(e.t, e.pool, sql, args...)
-}
-
-func (e *rbEnv) scalar(sql string, args ...any) int64 {
-	e.t.Helper()
-	return scalar[int64](e.t, e.pool, sql, args...)
 }
 
 // seed appends perStream events to each of streams streams named
@@ -228,8 +218,8 @@ func (e *rbEnv) phase(version int) string {
 func (e *rbEnv) waitCaughtUp(version int, timeout time.Duration) {
 	e.t.Helper()
 	waitFor(e.t, timeout, fmt.Sprintf("balances v%d to account for every event and stream", version), func() bool {
-		return e.phase(version) == "live" && e.accounted(version) == e.scalar("SELECT count(*) FROM events") &&
-			e.scalar(`SELECT count(*) FROM pg_replication_slots s JOIN pgscribe.watermarks w ON w.slot_name = s.slot_name
+		return e.phase(version) == "live" && e.accounted(version) == e.queryInt("SELECT count(*) FROM events") &&
+			e.queryInt(`SELECT count(*) FROM pg_replication_slots s JOIN pgscribe.watermarks w ON w.slot_name = s.slot_name
   WHERE w.projection = 'balances' AND w.version = `+fmt.Sprint(version)+` AND s.active`) == 1
 	})
 }
@@ -447,7 +437,7 @@ func TestRebuildPromoteRetire(t *testing.T) {
 		t.Errorf("readers did not see both versions (v1 %v, v2 %v)", readers.seen[0].Load(), readers.seen[1].Load())
 	}
 	e.wantServed(2)
-	if n := e.scalar("SELECT count(*) FROM information_schema.role_table_grants WHERE table_schema = 'public' AND table_name = 'balances' AND grantee = 'PUBLIC'"); n != 1 {
+	if n := e.queryInt("SELECT count(*) FROM information_schema.role_table_grants WHERE table_schema = 'public' AND table_name = 'balances' AND grantee = 'PUBLIC'"); n != 1 {
 		t.Errorf("the view's grant to PUBLIC did not survive promote (%d grants)", n)
 	}
 
@@ -475,7 +465,7 @@ func TestRebuildPromoteRetire(t *testing.T) {
 		"lease":     "SELECT count(*) FROM pgscribe.leases WHERE version = 1",
 		"schema":    "SELECT count(*) FROM pg_namespace WHERE nspname = 'balances_v1'",
 	} {
-		if n := e.scalar(sql); n != 0 {
+		if n := e.queryInt(sql); n != 0 {
 			t.Errorf("after retire, v1's %s remains (%d)", what, n)
 		}
 	}
@@ -484,7 +474,7 @@ func TestRebuildPromoteRetire(t *testing.T) {
 	if len(st.Served) != 1 || st.Served[0].Version != 2 || !st.Projections[1].Served {
 		t.Errorf("status after retire: served %+v", st.Served)
 	}
-	if n := e.accounted(2); n != e.scalar("SELECT count(*) FROM events") {
+	if n := e.accounted(2); n != e.queryInt("SELECT count(*) FROM events") {
 		t.Errorf("v2 conservation: cursors account for %d events", n)
 	}
 	p2.stop()
@@ -530,7 +520,7 @@ func TestRebuildPromoteCrash(t *testing.T) {
 		}
 		promote := e.start("promote", "-projection", "balances", "-version", "2", "-timeout", "2m", "-config", both)
 		e.waitFor(time.Minute, "promote to wait for the served row after swapping the views", func() bool {
-			return e.scalar(`SELECT count(*) FROM pg_locks l JOIN pg_stat_activity a USING (pid)
+			return e.queryInt(`SELECT count(*) FROM pg_locks l JOIN pg_stat_activity a USING (pid)
 WHERE a.application_name = 'pgscribe-cli' AND NOT l.granted AND l.locktype = 'transactionid'`) > 0
 		})
 		crash(promote)
@@ -577,7 +567,7 @@ func TestRebuildAdopt(t *testing.T) {
 	e.mustCLI("migrate", "-events-table", "-config", cfg)
 	e.seed("acct", 50, 40)
 	// The old projector's checkpoint: a position in the middle.
-	n := e.scalar("SELECT max(position) FROM events") / 2
+	n := e.queryInt("SELECT max(position) FROM events") / 2
 	version.extra = []string{fmt.Sprintf("start_after_position = %d", n)}
 	cfg = e.config("adopt.toml", version)
 	// What the old projector wrote, stopped at its checkpoint.
@@ -592,8 +582,8 @@ func TestRebuildAdopt(t *testing.T) {
 	e.seed("acct", 50, 3)
 	e.waitCaughtUp(2, 2*time.Minute)
 	e.diff("adopted read model", "SELECT account_id, deposits, balance FROM balances_v2.balances", rbExpectV2)
-	adopted := e.scalar("SELECT coalesce(sum(adopted), 0)::bigint FROM pgscribe.cursors WHERE projection = 'balances' AND version = 2")
-	if want := e.scalar("SELECT count(*) FROM events WHERE position <= $1", n); adopted != want {
+	adopted := e.queryInt("SELECT coalesce(sum(adopted), 0)::bigint FROM pgscribe.cursors WHERE projection = 'balances' AND version = 2")
+	if want := e.queryInt("SELECT count(*) FROM events WHERE position <= $1", n); adopted != want {
 		t.Errorf("adopted %d events, want %d (every event at or below %d)", adopted, want, n)
 	}
 	st := e.status(cfg)

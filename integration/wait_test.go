@@ -33,7 +33,7 @@ var wtProjection = projectionTOML("notes", 1, "",
 	rule{name: "bad", on: "Bad", op: "fail", message: "'bad event'"})
 
 type wtEnv struct {
-	t      *testing.T
+	testDB // on pool
 	dsn    string
 	bin    string
 	dir    string
@@ -44,7 +44,7 @@ type wtEnv struct {
 func newWtEnv(t *testing.T) *wtEnv {
 	t.Helper()
 	dsn := newDatabase(t)
-	e := &wtEnv{t: t, dsn: dsn, bin: pgscribeBinary(t), dir: t.TempDir(), prefix: uniqueID("wt")}
+	e := &wtEnv{testDB: testDB{t: t}, dsn: dsn, bin: pgscribeBinary(t), dir: t.TempDir(), prefix: uniqueID("wt")}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	pool, err := pgxpool.New(ctx, dsn)
@@ -52,7 +52,7 @@ func newWtEnv(t *testing.T) *wtEnv {
 		t.Fatal(err)
 	}
 	t.Cleanup(pool.Close)
-	e.pool = pool
+	e.pool, e.q = pool, pool
 	migrate(t, e.config("node-a"))
 	e.exec("CREATE TABLE notes (stream text PRIMARY KEY, body text NOT NULL, at bigint NOT NULL)")
 	return e
@@ -67,11 +67,6 @@ func (e *wtEnv) config(node string) string {
 		"node": fmt.Sprintf("%q", node), "parallelism": "2", "standby_poll": `"200ms"`, "lease_timeout": `"5s"`,
 	}).with("retry", map[string]string{"backoff": `"50ms"`, "max_backoff": `"500ms"`}).
 		add(wtProjection).write(e.t, filepath.Join(e.dir, node+".toml"))
-}
-
-func (e *wtEnv) exec(sql string, args ...any) {
-	e.t.Helper()
-	mustExec(e.t, e.pool, sql, args...)
 }
 
 // scan runs a one-row query.

@@ -102,23 +102,40 @@ func TestMapRelationAndDecode(t *testing.T) {
 	}
 }
 
-func TestMapRelationOtherTables(t *testing.T) {
+// TestMapRelation: a relation is ours when it is the configured table,
+// and ours but unreadable when a column is missing or of a type the
+// decoder refuses.
+func TestMapRelation(t *testing.T) {
+	textPosition := relationOf("public", "events", allColumns...)
+	textPosition.Columns[0].DataType = oidText
 	tests := []struct {
-		name      string
-		table     string
-		namespace string
-		relname   string
-		ours      bool
+		name, table string
+		rel         *pglogrepl.RelationMessage
+		ours        bool
+		unreadable  bool     // ErrUnreadable
+		says        []string // what the unreadable error names
 	}{
-		{name: "default schema", table: "events", namespace: "public", relname: "events", ours: true},
-		{name: "other table", table: "events", namespace: "public", relname: "orders"},
-		{name: "same name, other schema", table: "events", namespace: "audit", relname: "events"},
-		{name: "qualified", table: "es.events", namespace: "es", relname: "events", ours: true},
+		{name: "default schema", table: "events", rel: relationOf("public", "events", allColumns...), ours: true},
+		{name: "other table", table: "events", rel: relationOf("public", "orders", allColumns...)},
+		{name: "same name, other schema", table: "events", rel: relationOf("audit", "events", allColumns...)},
+		{name: "qualified", table: "es.events", rel: relationOf("es", "events", allColumns...), ours: true},
+		{name: "missing stream_id", table: "events", rel: relationOf("public", "events", "position", "id"), unreadable: true},
+		{name: "position of type text", table: "events", rel: textPosition, unreadable: true, says: []string{`"position"`, "type text"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			s := testStreamer(tt.table)
-			rel, err := s.mapRelation(context.Background(), relationOf(tt.namespace, tt.relname, allColumns...))
+			rel, err := testStreamer(tt.table).mapRelation(context.Background(), tt.rel)
+			if tt.unreadable {
+				if !errors.Is(err, ErrUnreadable) {
+					t.Fatalf("err = %v, want ErrUnreadable", err)
+				}
+				for _, s := range tt.says {
+					if !strings.Contains(err.Error(), s) {
+						t.Errorf("err = %v, want it to name %s", err, s)
+					}
+				}
+				return
+			}
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -126,14 +143,6 @@ func TestMapRelationOtherTables(t *testing.T) {
 				t.Fatalf("ours = %v, want %v", rel.ours, tt.ours)
 			}
 		})
-	}
-}
-
-func TestMapRelationMissingColumn(t *testing.T) {
-	s := testStreamer("events")
-	_, err := s.mapRelation(context.Background(), relationOf("public", "events", "position", "id"))
-	if !errors.Is(err, ErrUnreadable) {
-		t.Fatalf("mapped a relation without stream_id: err = %v", err)
 	}
 }
 
@@ -250,15 +259,5 @@ func TestNewDecoderRefusesTypes(t *testing.T) {
 				t.Fatalf("ReadableType = %v, want %v", ok, !tt.wantErr)
 			}
 		})
-	}
-}
-
-func TestMapRelationRefusesType(t *testing.T) {
-	s := testStreamer("events")
-	m := relationOf("public", "events", allColumns...)
-	m.Columns[0].DataType = oidText // position
-	_, err := s.mapRelation(context.Background(), m)
-	if !errors.Is(err, ErrUnreadable) || !strings.Contains(err.Error(), `"position"`) || !strings.Contains(err.Error(), "type text") {
-		t.Fatalf("err = %v, want ErrUnreadable naming position and its type", err)
 	}
 }

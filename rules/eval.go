@@ -184,24 +184,12 @@ func normalize(v any) (any, error) {
 		return nil, ErrNilValue
 	case int64, float64, string, bool, time.Time, time.Duration, map[string]any, []any:
 		return v, nil
-	case int:
+	case int: // the common one, without reflect
 		return int64(x), nil
-	case int32:
-		return int64(x), nil
-	case int16:
-		return int64(x), nil
-	case int8:
-		return int64(x), nil
-	case uint8:
-		return int64(x), nil
-	case uint16:
-		return int64(x), nil
-	case uint32:
-		return int64(x), nil
-	case uint:
-		return uintToInt64(uint64(x))
-	case uint64:
-		return uintToInt64(x)
+	case int8, int16, int32:
+		return reflect.ValueOf(x).Int(), nil
+	case uint, uint8, uint16, uint32, uint64:
+		return uintToInt64(reflect.ValueOf(x).Uint())
 	case float32:
 		return float64(x), nil
 	}

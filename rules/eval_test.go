@@ -422,6 +422,26 @@ func TestEvalErrors(t *testing.T) {
 	}
 }
 
+// TestNormalizeIntegers: every Go integer type an expression can yield
+// becomes an int64, and a uint above math.MaxInt64 is a wrong type.
+func TestNormalizeIntegers(t *testing.T) {
+	for _, v := range []any{int(-7), int8(-7), int16(-7), int32(-7), int64(-7)} {
+		if got, err := normalize(v); err != nil || got != int64(-7) {
+			t.Errorf("normalize(%T) = %#v, %v; want int64(-7)", v, got, err)
+		}
+	}
+	for _, v := range []any{uint(7), uint8(7), uint16(7), uint32(7), uint64(7)} {
+		if got, err := normalize(v); err != nil || got != int64(7) {
+			t.Errorf("normalize(%T) = %#v, %v; want int64(7)", v, got, err)
+		}
+	}
+	for _, v := range []any{uint(math.MaxInt64 + 1), uint64(math.MaxUint64)} {
+		if got, err := normalize(v); !errors.Is(err, ErrWrongType) {
+			t.Errorf("normalize(%T %v) = %#v, %v; want ErrWrongType", v, v, got, err)
+		}
+	}
+}
+
 // TestEvalConcurrent runs one Program from several goroutines; run with
 // -race.
 func TestEvalConcurrent(t *testing.T) {

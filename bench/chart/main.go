@@ -12,6 +12,7 @@ import (
 	"image/color"
 	"math"
 	"os"
+	"slices"
 	"strings"
 
 	"gonum.org/v1/plot"
@@ -116,9 +117,13 @@ func run(in, out string) error {
 // ceiling and the per-event loop, events/s on a log scale.
 func throughput(r *results) *plot.Plot {
 	var groups []string
-	engine := series{name: "pgscribe", color: blue}
-	ceiling := series{name: "SQL ceiling (one INSERT … SELECT)", color: grey}
-	loop := series{name: "per-event loop (1 tx/event)", color: orange}
+	// A series per row kind, in the legend's order.
+	kinds := []string{"engine", "sql", "loop"}
+	ss := []series{
+		{name: "pgscribe", color: blue},
+		{name: "SQL ceiling (one INSERT … SELECT)", color: grey},
+		{name: "per-event loop (1 tx/event)", color: orange},
+	}
 	for _, w := range r.Workloads {
 		index := map[string]int{}
 		for _, row := range w.Rows {
@@ -130,21 +135,16 @@ func throughput(r *results) *plot.Plot {
 				i = len(groups)
 				index[row.Projection] = i
 				groups = append(groups, w.ID+"\n"+row.Projection)
-				for _, s := range []*series{&engine, &ceiling, &loop} {
-					s.values = append(s.values, 0)
+				for k := range ss {
+					ss[k].values = append(ss[k].values, 0)
 				}
 			}
-			switch row.Kind {
-			case "engine":
-				engine.values[i] = row.Rate
-			case "sql":
-				ceiling.values[i] = row.Rate
-			case "loop":
-				loop.values[i] = row.Rate
+			if k := slices.Index(kinds, row.Kind); k >= 0 {
+				ss[k].values[i] = row.Rate
 			}
 		}
 	}
-	return grouped("Throughput, events/s (log scale)", "events/s", groups, true, kilo, engine, ceiling, loop)
+	return grouped("Throughput, events/s (log scale)", "events/s", groups, true, kilo, ss...)
 }
 
 // latency: W4 end-to-end latency percentiles per producer rate.

@@ -261,7 +261,8 @@ func waitBackfilled(ctx context.Context, pool *pgxpool.Pool, cfg *config.Config,
 
 // whileRunning calls step every period until step reports it is done or ctx
 // ends (both nil), or the engine exits first, which is an error: the demo
-// never expects the engine to stop on its own.
+// never expects the engine to stop on its own. A nil exited is never
+// ready: only step or ctx end the wait.
 func whileRunning(ctx context.Context, every time.Duration, exited <-chan error, step func() (done bool)) error {
 	t := time.NewTicker(every)
 	defer t.Stop()
@@ -305,16 +306,10 @@ type writer struct {
 
 // live appends about rate events a second until ctx ends.
 func (w *writer) live(ctx context.Context, rate int) {
-	t := time.NewTicker(time.Second / time.Duration(max(rate, 1)))
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-			_ = w.append(ctx)
-		}
-	}
+	_ = whileRunning(ctx, time.Second/time.Duration(max(rate, 1)), nil, func() bool {
+		_ = w.append(ctx)
+		return false
+	})
 }
 
 func (w *writer) append(ctx context.Context) error {
