@@ -225,11 +225,21 @@ func (c *Config) SlotName(p rules.Spec) string {
 	return slotName(c.Source.SlotPrefix, p.Name, p.Version)
 }
 
-// GroupSlotName is the replication slot a group of projection versions
-// shares: <slot_prefix>_group_<group>. A version alone in its group uses
-// SlotName.
+// GroupSlotName is the replication slot a group of two or more projection
+// versions shares: <slot_prefix>_group_<group>. A version alone in its
+// group streams from SlotName (FeedSlot).
 func (c *Config) GroupSlotName(group string) string {
 	return groupSlotName(c.Source.SlotPrefix, group)
+}
+
+// FeedSlot is the slot a version's group streams from: the group's shared
+// slot (GroupSlotName) when the configuration puts two or more versions in
+// the version's group, the version's own (SlotName) when it is alone.
+func (c *Config) FeedSlot(p rules.Spec) string {
+	if len(c.Groups()[p.GroupName()]) > 1 {
+		return c.GroupSlotName(p.GroupName())
+	}
+	return c.SlotName(p)
 }
 
 func groupSlotName(prefix, group string) string { return prefix + "_group_" + group }

@@ -54,7 +54,7 @@ type Projection struct {
 	metrics *lag.Projection
 	hard    context.Context // cancelled on a hard stop: in-flight batches roll back
 	slots   chan struct{}   // max_active_projections semaphore; nil = unlimited
-	hub     *hub            // the group's shared stream while its group is active here; nil alone
+	hub     *hub            // the group's stream, set by the group before Run
 	onGroup atomic.Bool     // the version streams from its group's slot (for the lag probe)
 
 	state   atomic.Value // State

@@ -12,12 +12,13 @@ import (
 	"github.com/pgscribe/pgscribe/sqlstate"
 )
 
-// group runs the configured versions of one group (two or more) that
-// share a slot. The group is the unit of leadership: a node takes the
-// group's lock before any member's, so all members run on one node, where
-// they share one stream (hub). Each member still takes its own lock and
-// fences its own writes with its own lease epoch, exactly as a version
-// alone does.
+// group runs the configured versions of one group, which share a slot:
+// the group's (GroupSlotName) for two or more, the version's own for a
+// group of one, which runs the same code. The group is the unit of
+// leadership: a node takes the group's lock before any member's, so all
+// members run on one node, where they share one stream (hub). Each member
+// still takes its own lock and fences its own writes with its own lease
+// epoch.
 type group struct {
 	name    string
 	cfg     *config.Config
@@ -32,7 +33,7 @@ func groupLockName(group string) string { return "group:" + group }
 
 func (g *group) hubConfig() groupConfig {
 	p := g.members[0]
-	return groupConfig{name: g.name, slot: g.cfg.GroupSlotName(g.name), sourceURL: g.cfg.Database.URL,
+	return groupConfig{name: g.name, slot: g.cfg.FeedSlot(p.spec), sourceURL: g.cfg.Database.URL,
 		targetURL: g.cfg.TargetURL(), schema: g.cfg.Engine.Schema, leaseTimeout: g.cfg.Engine.LeaseTimeout,
 		slowAfter: g.cfg.Engine.SlowMemberTimeout, src: p.source(),
 		opts: replication.StreamOptions{StatusInterval: g.cfg.Engine.StatusInterval, StallTimeout: g.cfg.Engine.StallTimeout,
@@ -40,25 +41,32 @@ func (g *group) hubConfig() groupConfig {
 }
 
 // run takes the group's lock, runs every member under it, and stands by
-// again when the lock is lost, until ctx ends.
+// again when the lock is lost, until ctx ends. A group of one takes no
+// group lock: its member's own lock makes it the only reader of its slot,
+// and two nodes may then run the versions of one group name that their
+// configurations give each alone (a rebuild on a node of its own).
 func (g *group) run(ctx context.Context) error {
 	restart := sqlstate.Policy{Backoff: time.Second, MaxBackoff: time.Minute}.Start()
+	solo := len(g.members) == 1
 	for ctx.Err() == nil {
-		lease := g.acquire(ctx)
-		if lease == nil {
-			return nil
-		}
-		g.log.Info("acquired the group's lock", "epoch", lease.Epoch, "members", len(g.members))
+		var lease *leader.Lease
 		gctx, cancel := context.WithCancel(ctx)
-		h := newHub(g.hubConfig(), len(g.members), g.log)
-		lost := make(chan error, 1)
-		go func() { lost <- lease.Watch(gctx, g.cfg.Engine.LeaseTimeout/3) }()
-		go func() {
-			if err := <-lost; err != nil {
-				g.log.Error("group lock session lost: stopping the group's projections on this node", "err", err)
+		if !solo {
+			if lease = g.acquire(ctx); lease == nil {
 				cancel()
+				return nil
 			}
-		}()
+			g.log.Info("acquired the group's lock", "epoch", lease.Epoch, "members", len(g.members))
+			lost := make(chan error, 1)
+			go func() { lost <- lease.Watch(gctx, g.cfg.Engine.LeaseTimeout/3) }()
+			go func() {
+				if err := <-lost; err != nil {
+					g.log.Error("group lock session lost: stopping the group's projections on this node", "err", err)
+					cancel()
+				}
+			}()
+		}
+		h := newHub(g.hubConfig(), len(g.members), g.log)
 		membersDone := make(chan struct{})
 		hubDone := make(chan struct{})
 		go func() { defer close(hubDone); h.run(gctx, membersDone) }()
@@ -84,8 +92,10 @@ func (g *group) run(ctx context.Context) error {
 		close(membersDone)
 		cancel()
 		<-hubDone
-		lease.Release(context.WithoutCancel(ctx))
-		g.releaseSlot()
+		if lease != nil {
+			lease.Release(context.WithoutCancel(ctx))
+			g.releaseSlot()
+		}
 		if ctx.Err() == nil && restart.Wait(ctx, g.log, "group stopped, taking its lock again", nil) != nil {
 			return nil
 		}

@@ -41,18 +41,20 @@ type hub struct {
 	keepAlive func() error
 
 	mu        sync.Mutex
-	attached  map[string]*member   // by member key
-	held      map[string]event.LSN // in-group members not attached: their watermark holds the slot back
-	served    map[string]bool      // members this hub's streams ever served: they may have recorded a join
-	waiting   map[string]time.Time // members on a slot of their own asking to join, since when
-	slow      map[string]*slowMark // members detached for holding the others back (deliver)
-	streaming bool                 // a stream runs: startLSN and lastBegun are valid
-	startLSN  event.LSN            // the stream delivers transactions committing at or after it
-	lastBegun event.LSN            // commit LSN of the stream's last transaction begun (0: none)
-	txAt      time.Time            // commit time of the transaction being delivered (the stream's goroutine only)
-	sent      event.LSN            // the stream sent every transaction below it
-	confirmed event.LSN            // the highest position the slot may be confirmed to (what streams sent, or found)
-	demand    chan struct{}        // a member wants the stream (capacity 1)
+	attached  map[string]*member      // by member key
+	held      map[string]event.LSN    // in-group members not attached: their watermark holds the slot back
+	served    map[string]bool         // members this hub's streams ever served: they may have recorded a join
+	waiting   map[string]time.Time    // members on a slot of their own asking to join, since when
+	slow      map[string]*slowMark    // members detached for holding the others back (deliver)
+	streaming bool                    // a stream runs: startLSN and lastBegun are valid
+	startLSN  event.LSN               // the stream delivers transactions committing at or after it
+	lastBegun event.LSN               // commit LSN of the stream's last transaction begun (0: none)
+	txAt      time.Time               // commit time of the transaction being delivered (the stream's goroutine only)
+	sent      event.LSN               // the stream sent every transaction below it
+	confirmed event.LSN               // the highest position the slot may be confirmed to (what streams sent, or found)
+	demand    chan struct{}           // a member wants the stream (capacity 1)
+	stop      context.CancelCauseFunc // ends the running stream (join: errRestart)
+	ended     chan struct{}           // closed when the running stream has ended
 
 	// Used by the stream goroutine only.
 	tx        []*member       // members receiving the current transaction
@@ -100,6 +102,24 @@ var errSlowMember = errors.New("detached from the group's stream: its queue stay
 
 // errBehind refuses a join: the stream has passed the member's position.
 var errBehind = errors.New("the group's stream is past this position")
+
+// errRestart ends a stream that no member reads when a member behind it
+// joins: the next stream starts at the slot's confirmed position, which
+// the member's recorded watermark held, so that it joins at once instead
+// of catching up on a copy of the slot. For a group of one this is the
+// only way back (its slot is the group's: there is nothing to copy).
+var errRestart = errors.New("restarting the group's stream for a member behind it that no other member holds back")
+
+// errUnread ends a stream once its last attached member left: a stream
+// nobody reads only holds the slot, which a node that took a member's
+// lock over must be able to stream (a group of one has no group lock).
+// The next member that joins starts it again at the slot's confirmed
+// position.
+var errUnread = errors.New("no member reads the group's stream")
+
+// quiet says err ends a stream on purpose (errRestart, errUnread): the
+// members are not failed and the hub waits for the next to join.
+func quiet(err error) bool { return errors.Is(err, errRestart) || errors.Is(err, errUnread) }
 
 // newHub makes the hub of a group; log names the group already.
 func newHub(cfg groupConfig, members int, log *slog.Logger) *hub {
@@ -364,7 +384,21 @@ func (h *hub) join(ctx context.Context, spec rules.Spec, sink replication.Sink, 
 	if sm := h.slow[memberKey(spec)]; sm != nil && time.Now().Before(sm.until) {
 		cooling = true
 	}
-	if boundary && (!h.streaming || cooling) || h.streaming && !(h.startLSN <= from && h.lastBegun < from && durable >= h.confirmed) {
+	behind := h.streaming && !(h.startLSN <= from && h.lastBegun < from && durable >= h.confirmed)
+	if behind && !boundary && ownSlot == "" && h.unread(memberKey(spec)) {
+		// Nobody reads the stream: start it again where the slot is.
+		stop, ended := h.stop, h.ended
+		h.mu.Unlock()
+		h.log.Info("restarting the group's stream: a member behind it joins and no other member reads it", "member", memberKey(spec))
+		stop(errRestart)
+		select {
+		case <-ended:
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+		return h.join(ctx, spec, sink, from, ownSlot, boundary)
+	}
+	if boundary && (!h.streaming || cooling) || behind {
 		if _, ok := h.waiting[memberKey(spec)]; boundary && !ok {
 			h.waiting[memberKey(spec)] = time.Now()
 		}
@@ -392,6 +426,17 @@ func (h *hub) join(ctx context.Context, spec rules.Spec, sink replication.Sink, 
 		m.fed <- err
 	}()
 	return m, nil
+}
+
+// unread says no member but key's (a session of it that is going) reads
+// the running stream (under h.mu).
+func (h *hub) unread(key string) bool {
+	for k := range h.attached {
+		if k != key {
+			return false
+		}
+	}
+	return h.stop != nil
 }
 
 // unwait says the member stopped asking to join (its session ended).
@@ -464,6 +509,9 @@ func (h *hub) wake() {
 func (h *hub) detach(m *member) {
 	h.mu.Lock()
 	h.unattach(m)
+	if len(h.attached) == 0 && h.stop != nil {
+		h.stop(errUnread)
+	}
 	h.mu.Unlock()
 	m.detach(context.Canceled)
 }
@@ -535,6 +583,9 @@ func (h *hub) run(ctx context.Context, membersDone <-chan struct{}) {
 		err := h.stream(ctx)
 		if ctx.Err() != nil {
 			return
+		}
+		if quiet(err) {
+			continue // a member that asked is waiting (join), or none reads it
 		}
 		h.log.Warn("group stream ended; its members restart", "err", err)
 		h.failAll(err)
@@ -717,24 +768,27 @@ func (h *hub) stream(ctx context.Context) error {
 			h.log.Info("created the group's slot", "slot", h.cfg.slot, "consistent_lsn", start.String())
 		}
 	}
-	h.mu.Lock()
-	h.streaming, h.startLSN, h.lastBegun, h.sent = true, start, 0, start
-	h.confirmed = max(h.confirmed, info.Confirmed, start)
-	h.mu.Unlock()
-	h.refuse(start, false)
-	defer func() {
-		h.mu.Lock()
-		h.streaming = false
-		h.mu.Unlock()
-	}()
-	h.log.Info("group stream started", "slot", h.cfg.slot, "from", start.String())
-	src := h.cfg.src
-	src.Slot = h.cfg.slot
 	// The refresh ends with the stream (sctx), not with the hub: the
 	// stream's end waits for it, and a failed stream must reach the
 	// members at once (a refresh bound to the hub's context kept every
 	// failed group stream, and its members, waiting until shutdown).
-	sctx, cancel := context.WithCancel(ctx)
+	sctx, cancel := context.WithCancelCause(ctx)
+	ended := make(chan struct{})
+	h.mu.Lock()
+	h.streaming, h.startLSN, h.lastBegun, h.sent = true, start, 0, start
+	h.confirmed = max(h.confirmed, info.Confirmed, start)
+	h.stop, h.ended = cancel, ended
+	h.mu.Unlock()
+	h.refuse(start, false)
+	defer func() {
+		h.mu.Lock()
+		h.streaming, h.stop, h.ended = false, nil, nil
+		h.mu.Unlock()
+		close(ended)
+	}()
+	h.log.Info("group stream started", "slot", h.cfg.slot, "from", start.String())
+	src := h.cfg.src
+	src.Slot = h.cfg.slot
 	refresh := make(chan struct{})
 	go func() {
 		defer close(refresh)
@@ -751,9 +805,12 @@ func (h *hub) stream(ctx context.Context) error {
 			}
 		}
 	}()
-	defer func() { cancel(); <-refresh }()
+	defer func() { cancel(nil); <-refresh }()
 	h.streamCtx = sctx
 	err = replication.Stream(sctx, conn, src, (*hubSink)(h), h.cfg.opts)
+	if c := context.Cause(sctx); quiet(c) && ctx.Err() == nil {
+		return c
+	}
 	return sourceHalt(atSlot(err))
 }
 

@@ -31,7 +31,7 @@ func (p *Projection) newProbe() *lag.Probe {
 // probeSlot is the slot the version streams from: its group's or its own.
 func (p *Projection) probeSlot() string {
 	if p.onGroup.Load() {
-		return p.cfg.GroupSlotName(p.spec.GroupName())
+		return p.cfg.FeedSlot(p.spec)
 	}
 	return p.slot
 }

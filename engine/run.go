@@ -111,7 +111,6 @@ func RunAll(ctx context.Context, cfg *config.Config, o RunOptions) error {
 	projs := make([]*Projection, len(progs))
 	for i, prog := range progs {
 		projs[i] = New(cfg, cfg.Projections[i], prog, m, o.Logger, hard)
-		projs[i].slots = sem
 	}
 	if cfg.Metrics.Enabled() {
 		srv, err := lag.Listen(cfg.Metrics.Listen, reg, func() (bool, bool, any) { return health(projs) }, o.Console)
@@ -126,24 +125,18 @@ func RunAll(ctx context.Context, cfg *config.Config, o RunOptions) error {
 	}
 	var wg sync.WaitGroup
 	errs := make([]error, len(projs))
+	// Every version runs as a member of its group: a version alone is a
+	// group of one, streaming its own slot through the same hub (one source
+	// path, so that no mode can lose what another keeps).
 	for name, idx := range cfg.Groups() {
-		if len(idx) == 1 {
-			// A version alone in its group runs on a slot of its own.
-			i := idx[0]
-			p := projs[i]
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				if err := p.Run(ctx); err != nil {
-					errs[i] = fmt.Errorf("projection %s v%d: %w", p.spec.Name, p.spec.Version, err)
-				}
-			}()
-			continue
-		}
-		g := &group{name: name, cfg: cfg, log: o.Logger.With("group", name), slots: sem}
+		g := &group{name: name, cfg: cfg, log: o.Logger.With("group", name)}
 		for _, i := range idx {
-			projs[i].slots = nil // the group takes one slot for all
 			g.members = append(g.members, projs[i])
+		}
+		if len(idx) == 1 {
+			projs[idx[0]].slots = sem // no group lock: the member's own takes it
+		} else {
+			g.slots = sem // the group takes one for all
 		}
 		wg.Add(1)
 		go func() {

@@ -80,12 +80,10 @@ func (s *session) run(ctx context.Context) error {
 	s.start = confirmed
 	s.ledger = newLedger(confirmed, s.store, s.slot, s.log, s.fencedPipeline)
 	if s.inGroup {
-		s.ledger.setSlot(s.cfg.GroupSlotName(s.spec.GroupName()))
+		s.ledger.setSlot(s.cfg.FeedSlot(s.spec))
 	}
-	if s.hub != nil && s.hub.saver != nil {
-		s.ledger.saveVia = func(ctx context.Context, w cursor.Watermark) error {
-			return sqlstate.Retry(ctx, s.retry, s.log, func() error { return s.hub.saver.save(ctx, s.lease, s.store, w) })
-		}
+	s.ledger.saveVia = func(ctx context.Context, w cursor.Watermark) error {
+		return sqlstate.Retry(ctx, s.retry, s.log, func() error { return s.hub.saver.save(ctx, s.lease, s.store, w) })
 	}
 	s.parts = s.partitions()
 
@@ -238,9 +236,8 @@ func (s *session) plan(ctx context.Context) (event.LSN, error) {
 	}
 	resync := s.Projection.resync
 	s.Projection.resync = "" // one resync per decision; an interrupted one resumes as a backfill
-	gslot := s.cfg.GroupSlotName(s.spec.GroupName())
 	s.onGroup.Store(false)
-	if haveWM && wm.SlotName == gslot {
+	if haveWM && (wm.SlotName == s.cfg.FeedSlot(s.spec) || wm.SlotName == s.cfg.GroupSlotName(s.spec.GroupName())) {
 		if lsn, ok, err := s.planGroup(ctx, wm, slot, resync); err != nil || ok {
 			return lsn, err
 		}
@@ -296,20 +293,26 @@ func (s *session) plan(ctx context.Context) (event.LSN, error) {
 }
 
 // planGroup plans a session of a version whose watermark is recorded on
-// its group's slot. ok says the plan is made: stream from the group's
-// slot, the ledger starting at the returned position. Otherwise the
-// version has left the group, for a slot of its own (a copy of the
-// group's, at or below its watermark, when there is one to copy), and
-// the usual plan follows.
+// its group's slot (wm.SlotName): the slot its group streams from now
+// (FeedSlot), or the shared slot of a group that has shrunk to this
+// version alone. ok says the plan is made: stream from the group's slot,
+// the ledger starting at the returned position. Otherwise the usual plan
+// follows: for a group of one whose slot cannot serve it, a rebuild or a
+// resync; for a version that leaves a shared slot, on a slot of its own (a
+// copy of the shared one, at or below its watermark, when there is one to
+// copy).
 func (s *session) planGroup(ctx context.Context, wm cursor.Watermark, own replication.SlotInfo, resync string) (event.LSN, bool, error) {
-	gslot := s.cfg.GroupSlotName(s.spec.GroupName())
-	gs, err := replication.InspectSlot(ctx, s.srcConn, gslot)
-	if err != nil {
-		return 0, false, atSource(err)
+	gslot := wm.SlotName
+	gs := own
+	if gslot != s.slot {
+		var err error
+		if gs, err = replication.InspectSlot(ctx, s.srcConn, gslot); err != nil {
+			return 0, false, atSource(err)
+		}
 	}
 	usable := gs.Exists && !gs.Lost() && wm.Phase == "live"
-	if usable && resync == "" && s.hub != nil {
-		if own.Exists {
+	if usable && resync == "" && gslot == s.cfg.FeedSlot(s.spec) {
+		if own.Exists && gslot != s.slot {
 			// Left by a join that ended before it dropped it.
 			if err := replication.DropSlot(ctx, s.srcConn, s.slot); err != nil {
 				return 0, false, atSource(err)
@@ -318,8 +321,11 @@ func (s *session) planGroup(ctx context.Context, wm cursor.Watermark, own replic
 		s.inGroup = true
 		s.onGroup.Store(true)
 		start := max(wm.LSN, gs.Confirmed)
-		s.log.Info("resuming from the group's slot", "slot", gslot, "from", start.String())
+		s.log.Info("resuming from the group's slot", "slot", gslot, "from", start.String(), "members", s.hub.members)
 		return start, true, nil
+	}
+	if gslot == s.slot {
+		return 0, false, nil // a group of one: its slot is its own
 	}
 	if !usable || resync != "" {
 		// Nothing to copy: the slot-lost path (a resync from a new
@@ -328,15 +334,24 @@ func (s *session) planGroup(ctx context.Context, wm cursor.Watermark, own replic
 		if err := s.moveWatermark(ctx, s.slot); err != nil {
 			return 0, false, err
 		}
-		if s.hub != nil {
-			s.hub.forget(s.spec)
+		s.hub.forget(s.spec)
+		if resync != "" && gs.Exists {
+			// The group's stream failed on the slot's own changes (a
+			// resync is decided only then): it cannot serve any member.
+			// Dropped, every member resyncs on a slot of its own and the
+			// group's slot is created again when they join; kept, they
+			// would join it again and fail as before (campaign seed 14).
+			if err := replication.DropSlot(ctx, s.srcConn, gslot); err != nil {
+				return 0, false, atSource(err)
+			}
+			s.log.Warn("dropped the group's slot: its changes cannot be decoded; every member resyncs and the slot is created again when they join", "slot", gslot)
 		}
 		return 0, false, nil
 	}
-	// Alone in its group now (a group of one streams from a slot of its
-	// own): continue on a copy of the group's slot, and drop the group's
+	// Alone in its group now (a group of one streams from the version's
+	// own slot): continue on a copy of the shared slot, and drop the shared
 	// slot once no version is recorded on it.
-	if err := s.copyGroupSlot(ctx); err != nil {
+	if err := s.copyGroupSlot(ctx, gslot); err != nil {
 		return 0, false, err
 	}
 	var others int
@@ -354,10 +369,12 @@ func (s *session) planGroup(ctx context.Context, wm cursor.Watermark, own replic
 }
 
 // copyGroupSlot gives the version a slot of its own that streams from
-// the group slot's confirmed position (at or below the version's
+// the shared slot gslot's confirmed position (at or below the version's
 // watermark, which held it there) and records the watermark on it.
-func (s *session) copyGroupSlot(ctx context.Context) error {
-	gslot := s.cfg.GroupSlotName(s.spec.GroupName())
+func (s *session) copyGroupSlot(ctx context.Context, gslot string) error {
+	if gslot == s.slot {
+		return fmt.Errorf("copy the group's slot %s: it is this version's own", gslot)
+	}
 	if err := replication.DropSlot(ctx, s.srcConn, s.slot); err != nil {
 		return atSource(err)
 	}
@@ -368,9 +385,7 @@ func (s *session) copyGroupSlot(ctx context.Context) error {
 	if err := s.moveWatermark(ctx, s.slot); err != nil {
 		return err
 	}
-	if s.hub != nil {
-		s.hub.forget(s.spec)
-	}
+	s.hub.forget(s.spec)
 	s.log.Info("streaming from a copy of the group's slot", "slot", s.slot, "group_slot", gslot, "from", at.String())
 	return nil
 }
@@ -389,7 +404,7 @@ func (s *session) moveWatermark(ctx context.Context, slot string) error {
 // grow in proportion (partitions), so a catch-up folds as much per batch.
 func (s *session) parallelism() int {
 	n := s.cfg.Engine.Parallelism
-	if s.hub != nil && s.hub.members > 1 {
+	if s.hub.members > 1 {
 		n = (n + s.hub.members - 1) / s.hub.members
 	}
 	return max(n, 1)
@@ -440,10 +455,18 @@ func (s *session) replicate(ctx context.Context, connp **pgconn.PgConn) error {
 		s.backfilling.Store(false)
 	}
 	s.setState(StateLive)
-	opts := replication.StreamOptions{StatusInterval: s.cfg.Engine.StatusInterval, StallTimeout: s.cfg.Engine.StallTimeout, Logger: s.log}
-	if s.hub == nil {
-		return atSlot(replication.Stream(ctx, replConn, s.src, sink, opts))
+	feed := s.cfg.FeedSlot(s.spec)
+	if !s.inGroup && s.slot == feed {
+		// A group of one after its backfill: its own slot is the one the
+		// group's stream reads.
+		if replConn != nil {
+			replConn.Close(context.WithoutCancel(ctx))
+		}
+		replConn, *connp = nil, nil
+		s.inGroup = true
+		s.onGroup.Store(true)
 	}
+	opts := replication.StreamOptions{StatusInterval: s.cfg.Engine.StatusInterval, StallTimeout: s.cfg.Engine.StallTimeout, Logger: s.log}
 	if s.inGroup {
 		m, err := s.hub.join(ctx, s.spec, sink, s.start, "", false)
 		if err == nil {
@@ -455,9 +478,15 @@ func (s *session) replicate(ctx context.Context, connp **pgconn.PgConn) error {
 		if !errors.Is(err, errBehind) {
 			return err
 		}
+		if feed == s.slot {
+			// The hub restarts a stream no other member reads for a
+			// member behind it (hub.join): this one is still read by a
+			// session of this version that has not let go yet.
+			return fmt.Errorf("the group's stream is past this version's watermark and still serves an earlier session: %w", err)
+		}
 		// The group's stream has passed this version: catch up on a copy
 		// of the group's slot, then join.
-		if err := s.copyGroupSlot(ctx); err != nil {
+		if err := s.copyGroupSlot(ctx, feed); err != nil {
 			return err
 		}
 		s.inGroup = false
@@ -502,7 +531,7 @@ func waitStarted(ctx context.Context, m *member) error {
 // (from position at) to the group's slot, drops its own slot, and takes
 // its events from the group's stream until the session ends.
 func (s *session) joined(ctx context.Context, replConn *pgconn.PgConn, at event.LSN) error {
-	gslot := s.cfg.GroupSlotName(s.spec.GroupName())
+	gslot := s.cfg.FeedSlot(s.spec)
 	if err := s.ledger.switchSlot(ctx, gslot); err != nil {
 		return err
 	}

@@ -334,8 +334,14 @@ func TestGroupKill9WhileJoining(t *testing.T) {
 	// Alone in its group: the version's own slot, as before groups.
 	a, s, seed := r.streamUnderWriters(500, 20, 60, 3)
 	rng := rand.New(rand.NewPCG(seed, 7))
-	if slots := prefixSlots(t, r.pool, r.prefix); len(slots) != 1 || !slots[r.slot(act)] {
-		t.Errorf("a group of one: slots %v, want only %s", slots, r.slot(act))
+	// The group's stream opens the slot once the backfill is done, a
+	// moment after the state is live.
+	var slots map[string]bool
+	if !poll(t, 30*time.Second, "the group of one streaming its own slot", func(context.Context) (bool, error) {
+		slots = prefixSlots(t, r.pool, r.prefix)
+		return len(slots) == 1 && slots[r.slot(act)], nil
+	}, s.broken) {
+		t.Errorf("a group of one: slots %v (name: active), want only %s, active", slots, r.slot(act))
 	}
 	s.kill()
 	r.setProjections(act, stats)
