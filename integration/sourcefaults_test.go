@@ -371,3 +371,37 @@ func TestSourceFaultWrongPassword(t *testing.T) {
 		resumedExact(t, e, p, proj, "lock fault cleared", "w")
 	})
 }
+
+// TestSourceReadOnlyRole: the source is read on a connection whose
+// transactions are read-only by default (a role with
+// default_transaction_read_only, as a reporting role often is; the read
+// models written elsewhere, [database] target_url). Nothing pgscribe does
+// on the source writes a table: the backfill's pages, the transaction id
+// taken after each to flush the WAL position the scout waits for (a
+// read-only transaction may take one), the slot's creation, copy and
+// confirmation. Backfill and stream end exact.
+func TestSourceReadOnlyRole(t *testing.T) {
+	tickFaultTest(t, "rosrc", func(t *testing.T, proj faultProjection) {
+		e := newFaultEnv(t, 5, proj)
+		e.appendEvents(t, rounds("ro", 10, 100, "Tick", nil)...)
+		sep := "?"
+		if strings.Contains(e.dsn, "?") {
+			sep = "&"
+		}
+		ro := e.dsn + sep + "options=" + strings.ReplaceAll(url.QueryEscape("-c default_transaction_read_only=on"), "+", "%20")
+		c := faultConfig(ro, e.slotPrefix, 5).set("database", "target_url", fmt.Sprintf("%q", e.dsn))
+		for _, p := range e.withPeers([]faultProjection{proj}) {
+			c.add(p.toml())
+		}
+		c.write(t, e.config)
+		p := newNode(t, "pgscribe", e.config)
+		p.stopTimeout = 40 * time.Second
+		p.start()
+		e.appendEvents(t, rounds("ro", 10, 20, "Tick", nil)...)
+		e.verifyClean(t, p, proj)
+		if n := p.countLog(logMsg("backfill complete", proj.name)); n != 1 {
+			t.Errorf("%d backfills completed, want 1", n)
+		}
+		p.stop()
+	})
+}
