@@ -809,9 +809,31 @@ func (h *hub) stream(ctx context.Context) error {
 	h.streamCtx = sctx
 	err = replication.Stream(sctx, conn, src, (*hubSink)(h), h.cfg.opts)
 	if c := context.Cause(sctx); quiet(c) && ctx.Err() == nil {
+		h.letGo(ctx)
 		return c
 	}
 	return sourceHalt(atSlot(err))
+}
+
+// letGo confirms what the members made durable and closes the connection
+// of a stream ended on purpose. A walsender left open and unread holds
+// the slot, and holds a server's shutdown for wal_sender_timeout: it
+// waits for its client to confirm what it sent (TestFaultServerRestart,
+// a group of one whose member left when the server went down: the
+// restart took 60 s).
+func (h *hub) letGo(ctx context.Context) {
+	if h.conn == nil {
+		return
+	}
+	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	defer cancel()
+	if lsn := (*hubSink)(h).Confirmable(); lsn > 0 {
+		if err := confirmSlot(cctx, h.conn, lsn); err != nil {
+			h.log.Debug("confirm the group's slot as its stream ends", "err", err)
+		}
+	}
+	h.conn.Close(cctx)
+	h.conn = nil
 }
 
 // refuse settles the provisional members as a stream starts at start:

@@ -912,9 +912,13 @@ func TestGroupJoinBelowConfirmed(t *testing.T) {
 	gslot := groupSlot(e.slotPrefix, "default")
 	w2 = loadWatermark(t, e.pool, "g2", 1)
 	gc, _ := slotConfirmed(t, e.pool, gslot)
+	accounted, events := e.accounted(t, "g2"), e.events(t)
 	t.Logf("killed after g2 joined: g2 watermark %s on %s (%d of %d events), group slot confirmed %s",
-		w2.lsn, w2.slot, e.accounted(t, "g2"), e.events(t), gc)
-	if w2.slot == gslot && gc > w2.lsn {
+		w2.lsn, w2.slot, accounted, events, gc)
+	// The slot may pass the saved watermark row by what g2 had committed
+	// and not yet recorded (a keepalive's WAL end once it had every
+	// event: the row is saved a few ms after): nothing lies between then.
+	if w2.slot == gslot && gc > w2.lsn && accounted < events {
 		t.Errorf("the group's slot is confirmed at %s, past g2's watermark %s on it: g2's next start resumes from %s and skips what lies between", gc, w2.lsn, gc)
 	}
 	p.start()
