@@ -200,6 +200,9 @@ func (ck *checker) source(ctx context.Context) error {
 		if ok, want := replication.ReadableType(col.key, c.baseType); !ok {
 			ck.add("source", cobj, "has type %s, which pgscribe cannot read as %s (it reads %s)", c.typ, col.key, want)
 		}
+		if col.key == "position" && !slices.ContainsFunc(ti.uniques, func(u []string) bool { return slices.Contains(u, col.name) }) {
+			ck.add("source", cobj, "is in no unique index: a backfill reads the table in pages ordered by it, which needs each position to name one event and an index to find the next page (make it the primary key, as event stores do)")
+		}
 	}
 
 	pub := ck.cfg.Source.Publication

@@ -658,6 +658,8 @@ func TestCLICheck(t *testing.T) {
 	e.exec(`CREATE TABLE balances_text (account_id text PRIMARY KEY, owner text NOT NULL, balance text)`)
 	e.exec(`CREATE TABLE balances_noidx (account_id text, owner text, balance bigint)`)
 	e.exec(`CREATE TABLE balances_extra (account_id text PRIMARY KEY, owner text, balance bigint, opened_at timestamptz NOT NULL)`)
+	e.exec(`CREATE TABLE events_nopk (position bigserial, id uuid, stream_id text NOT NULL, stream_position bigint NOT NULL,
+  type text NOT NULL, data jsonb NOT NULL, metadata jsonb, occurred_at timestamptz)`)
 	tests := []struct {
 		name     string
 		from, to string // a replacement in the balances projection
@@ -675,6 +677,8 @@ func TestCLICheck(t *testing.T) {
 			want: []string{`balances v1 rule "open": table "balances_noidx" key (account_id): no unique index or constraint on exactly these columns`}},
 		{name: "not null column not set", from: `table = "balances"`, to: `table = "balances_extra"`,
 			want: []string{`balances v1 rule "open": table "balances_extra" column "opened_at": is NOT NULL without a default, and the rule does not set it`}},
+		{name: "position not unique", source: `table = "events_nopk"`,
+			want: []string{`source: table "events_nopk" column "position": is in no unique index`}},
 		{name: "missing publication", source: `publication = "nosuch_pub"`,
 			want: []string{`source: publication "nosuch_pub": does not exist (pgscribe migrate creates it)`}},
 		{name: "sql rule", from: rule{name: "bogus"}.String(),
