@@ -50,6 +50,7 @@ type hub struct {
 	startLSN  event.LSN               // the stream delivers transactions committing at or after it
 	lastBegun event.LSN               // commit LSN of the stream's last transaction begun (0: none)
 	txAt      time.Time               // commit time of the transaction being delivered (the stream's goroutine only)
+	skew      time.Duration           // this machine's clock less the server's, as of the stream's last message (its goroutine only)
 	sent      event.LSN               // the stream sent every transaction below it
 	confirmed event.LSN               // the highest position the slot may be confirmed to (what streams sent, or found)
 	demand    chan struct{}           // a member wants the stream (capacity 1)
@@ -246,7 +247,7 @@ func (h *hub) deliver(ctx context.Context, m *member, msg hubMsg) error {
 // detached long before the stream is that far behind (it waits 100 ms at
 // most). The stream's goroutine only.
 func (h *hub) live(msg hubMsg, now time.Time) bool {
-	return msg.kind == msgIdle || h.txAt.IsZero() || now.Sub(h.txAt) < h.cfg.slowAfter/5
+	return msg.kind == msgIdle || h.txAt.IsZero() || now.Sub(h.txAt)-h.skew < h.cfg.slowAfter/5
 }
 
 // holdsOthers says whether another attached member's queue is at most a
@@ -873,6 +874,17 @@ type hubSink hub
 // the stream for a joiner (holdForJoiners); the stream's goroutine sets it
 // at each start, and only that goroutine calls Begin.
 func (s *hubSink) SetKeepAlive(keepAlive func() error) { (*hub)(s).keepAlive = keepAlive }
+
+// ServerClock keeps the skew between this machine's clock and the
+// server's, which stamps commit times: live reads a commit's age on the
+// server's clock, so that a node whose clock is a second off neither
+// takes a live stream for a catch-up nor the reverse. The skew includes
+// the message's way over the network, a few ms at most.
+func (s *hubSink) ServerClock(t time.Time) {
+	if !t.IsZero() {
+		(*hub)(s).skew = time.Since(t)
+	}
+}
 
 func (s *hubSink) Begin(commit event.LSN, at time.Time) uint64 {
 	h := (*hub)(s)

@@ -449,3 +449,32 @@ func TestHubSlowMemberRejoinsAfterItsCooldown(t *testing.T) {
 		t.Errorf("second cooldown %s, want about twice slow_member_timeout (200ms)", cool)
 	}
 }
+
+// A commit's age is read on the server's clock, which stamped it: a node
+// whose clock is off by seconds neither takes a live stream for a
+// catch-up (no member would ever be detached) nor the reverse.
+func TestHubLiveReadsTheServersClock(t *testing.T) {
+	h := testHub(2)
+	h.cfg.slowAfter = 5 * time.Second // live: committed less than 1 s ago
+	s := (*hubSink)(h)
+	now := time.Now()
+	begin := hubMsg{kind: msgBegin}
+	for _, tt := range []struct {
+		name   string
+		ahead  time.Duration // this machine's clock less the server's
+		age    time.Duration // of the commit, on the server's clock
+		isLive bool
+	}{
+		{"clocks agree, just committed", 0, 100 * time.Millisecond, true},
+		{"clocks agree, a catch-up", 0, 3 * time.Second, false},
+		{"this clock 2 s ahead, just committed", 2 * time.Second, 100 * time.Millisecond, true},
+		{"this clock 2 s behind, a catch-up", -2 * time.Second, 3 * time.Second, false},
+	} {
+		serverNow := now.Add(-tt.ahead)
+		s.ServerClock(serverNow)
+		h.txAt = serverNow.Add(-tt.age)
+		if got := h.live(begin, time.Now()); got != tt.isLive {
+			t.Errorf("%s: live = %v, want %v", tt.name, got, tt.isLive)
+		}
+	}
+}

@@ -46,6 +46,16 @@ type HoldingSink interface {
 	SetKeepAlive(keepAlive func() error)
 }
 
+// A ClockSink is a Sink that wants the server's clock: ServerClock is
+// called with the send time the server stamps on each keepalive and WAL
+// message, so that the sink can read commit times (the server's clock)
+// against it rather than against this machine's. Called from the stream's
+// goroutine only.
+type ClockSink interface {
+	Sink
+	ServerClock(serverTime time.Time)
+}
+
 // StreamOptions tunes the stream.
 type StreamOptions struct {
 	// StatusInterval is how often a standby status update is sent (each
@@ -88,6 +98,7 @@ func Stream(ctx context.Context, conn *pgconn.PgConn, src Source, sink Sink, o S
 	if hs, ok := sink.(HoldingSink); ok {
 		hs.SetKeepAlive(s.keepAlive)
 	}
+	s.clock, _ = sink.(ClockSink)
 	err = s.run(ctx)
 	// Best effort: tell the server what is durable before leaving — but
 	// never on a connection pgconn is closing: after a read error it closes
@@ -109,6 +120,7 @@ type streamer struct {
 	conn          *pgconn.PgConn
 	src           Source
 	sink          Sink
+	clock         ClockSink // sink, when it wants the server's clock
 	o             StreamOptions
 	schema, table string
 	relations     map[uint32]*relation
@@ -174,6 +186,9 @@ func (s *streamer) handleCopyData(ctx context.Context, data []byte) error {
 		if err != nil {
 			return fmt.Errorf("parse keepalive: %w", err)
 		}
+		if s.clock != nil {
+			s.clock.ServerClock(ka.ServerTime)
+		}
 		end := event.LSN(ka.ServerWALEnd)
 		if end > s.received {
 			s.received = end
@@ -196,6 +211,9 @@ func (s *streamer) handleCopyData(ctx context.Context, data []byte) error {
 		}
 		if l := event.LSN(xld.WALStart); l > s.received {
 			s.received = l
+		}
+		if s.clock != nil {
+			s.clock.ServerClock(xld.ServerTime)
 		}
 		return s.handleLogical(ctx, xld.WALData)
 	}
