@@ -21,6 +21,7 @@ import (
 	"github.com/pgscribe/pgscribe/deadletter"
 	"github.com/pgscribe/pgscribe/engine"
 	"github.com/pgscribe/pgscribe/event"
+	"github.com/pgscribe/pgscribe/lag"
 	"github.com/pgscribe/pgscribe/leader"
 	"github.com/pgscribe/pgscribe/migrations"
 )
@@ -57,10 +58,14 @@ import (
 // StatusReport is what `pgscribe status` prints: one entry per configured
 // projection version, in configuration order.
 type StatusReport struct {
-	CheckedAt   time.Time          `json:"checked_at"`     // source database clock
-	SourceWAL   string             `json:"source_wal_lsn"` // current WAL position of the source
-	Events      int64              `json:"events"`         // rows in the events table
-	Projections []ProjectionStatus `json:"projections"`
+	CheckedAt time.Time `json:"checked_at"`     // source database clock
+	SourceWAL string    `json:"source_wal_lsn"` // current WAL position of the source
+	Events    int64     `json:"events"`         // rows in the events table
+	// OldestTransactionSeconds is how long the oldest transaction open on
+	// an engine session of the source or target server has been open (any
+	// node's; 0 when none): lag.OldestTransactionSQL.
+	OldestTransactionSeconds float64            `json:"oldest_engine_transaction_seconds"`
+	Projections              []ProjectionStatus `json:"projections"`
 	// Unconfigured lists the source database's slots named like this
 	// configuration's (<slot_prefix>_<name>_v<version>) that no configured
 	// projection version uses, typically one left by a version that was
@@ -440,6 +445,15 @@ func statusWith(ctx context.Context, cfg *config.Config, target, source *pgx.Con
 		return nil, fmt.Errorf("read source WAL position: %w", err)
 	}
 	rep.Events = counts.Events
+	oldestOn := []*pgx.Conn{c.source}
+	if c.target != c.source {
+		oldestOn = append(oldestOn, c.target)
+	}
+	oldest, err := lag.OldestTransaction(ctx, oldestOn...)
+	if err != nil {
+		return nil, fmt.Errorf("read the oldest engine transaction: %w", err)
+	}
+	rep.OldestTransactionSeconds = oldest.Seconds()
 	var head int64
 	if byHead {
 		table := event.Table(cfg.Source.Table).Quoted()
@@ -794,7 +808,8 @@ func (r *StatusReport) WriteText(w io.Writer) error {
 			return err
 		}
 	}
-	_, err := fmt.Fprintf(w, "events: %d, source WAL at %s, as of %s\n", r.Events, r.SourceWAL, r.CheckedAt.UTC().Format(time.RFC3339))
+	_, err := fmt.Fprintf(w, "events: %d, source WAL at %s, oldest engine transaction open %.1f s, as of %s\n",
+		r.Events, r.SourceWAL, r.OldestTransactionSeconds, r.CheckedAt.UTC().Format(time.RFC3339))
 	return err
 }
 

@@ -123,6 +123,17 @@ func RunAll(ctx context.Context, cfg *config.Config, o RunOptions) error {
 		}
 		defer srv.Close(context.WithoutCancel(ctx))
 	}
+	urls := []string{cfg.Database.URL}
+	if cfg.TargetURL() != cfg.Database.URL {
+		urls = append(urls, cfg.TargetURL())
+	}
+	sampleCtx, stopSampling := context.WithCancel(ctx)
+	sampled := make(chan struct{})
+	go func() {
+		defer close(sampled)
+		m.SampleOldestTransaction(sampleCtx, urls, cfg.Engine.LagInterval, o.Logger)
+	}()
+	defer func() { stopSampling(); <-sampled }()
 	var wg sync.WaitGroup
 	errs := make([]error, len(projs))
 	// Every version runs as a member of its group: a version alone is a

@@ -266,6 +266,25 @@ func (e *faultEnv) slot(projection string) string {
 	return slotName(e.slotPrefix, projection, 1)
 }
 
+// holdRows locks proj's read model in SHARE mode in a transaction of its
+// own, rolled back at the end of the test if not before: the engine's
+// batches then wait inside their transactions. SHARE blocks their writes
+// and, unlike ACCESS EXCLUSIVE, takes no transaction id, which a slot's
+// creation would wait for.
+func (e *faultEnv) holdRows(t *testing.T, proj faultProjection) pgx.Tx {
+	t.Helper()
+	ctx := context.Background()
+	hold, err := e.pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = hold.Rollback(ctx) })
+	if _, err := hold.Exec(ctx, "LOCK TABLE "+proj.name+"_rows IN SHARE MODE"); err != nil {
+		t.Fatal(err)
+	}
+	return hold
+}
+
 func (e *faultEnv) exec(t *testing.T, sql string, args ...any) {
 	t.Helper()
 	if _, err := e.pool.Exec(context.Background(), sql, args...); err != nil {

@@ -470,3 +470,39 @@ GROUP BY stream_id`)
 		t.Errorf("skipped = %d, want 2 (the skipped dead letters)", got)
 	}
 }
+
+// TestOldestEngineTransactionVisible: a read model locked by someone else
+// makes the engine's batch wait inside its transaction. That transaction's
+// age shows in pgscribe_oldest_transaction_seconds and in `pgscribe status`
+// (a long one holds vacuum back in the whole cluster); once the lock goes,
+// both fall back and the read model ends exact.
+func TestOldestEngineTransactionVisible(t *testing.T) {
+	tickFaultTest(t, "oldest", func(t *testing.T, proj faultProjection) {
+		e, p := startFault(t, 5, "", rounds("o", 4, 10, "Tick", nil), proj)
+		oldest := func() float64 { return p.metric("pgscribe_oldest_transaction_seconds", nil) }
+		if v := oldest(); v < 0 || v > 2 {
+			t.Errorf("idle: pgscribe_oldest_transaction_seconds = %v, want between 0 and 2", v)
+		}
+		hold := e.holdRows(t, proj)
+		e.appendEvents(t, rounds("o", 4, 5, "Tick", nil)...)
+		waitFor(t, waitLong, "the waiting batch's transaction in the metric", func() bool { return oldest() >= 3 })
+		var rep struct {
+			Oldest float64 `json:"oldest_engine_transaction_seconds"`
+		}
+		if err := json.Unmarshal([]byte(e.operate(t, 0, "status", "-json")), &rep); err != nil {
+			t.Fatalf("status -json: %v", err)
+		}
+		if rep.Oldest < 3 {
+			t.Errorf("status: oldest_engine_transaction_seconds = %v, want at least 3 (a batch waits on a lock)", rep.Oldest)
+		}
+		if out := e.operate(t, 0, "status"); !strings.Contains(out, "oldest engine transaction open ") {
+			t.Errorf("status lacks the oldest engine transaction:\n%s", out)
+		}
+		if err := hold.Rollback(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		waitFor(t, waitLong, "the metric to fall back", func() bool { v := oldest(); return v >= 0 && v < 2 })
+		e.verifyClean(t, p, proj)
+		p.stop()
+	})
+}

@@ -38,6 +38,7 @@ type Metrics struct {
 	ProbeErrors   *prometheus.CounterVec
 	RowsMissing   *prometheus.CounterVec
 	Retries       *prometheus.CounterVec
+	OldestXact    prometheus.Gauge // process-wide: pgscribe_oldest_transaction_seconds (SampleOldestTransaction)
 
 	tailsMu sync.Mutex
 	tails   map[string]*sharedTail // event counts by source table, shared by the projections' probes
@@ -108,6 +109,8 @@ func NewMetrics(reg prometheus.Registerer, version string) *Metrics {
 			"Lag measurements that could not read PostgreSQL."),
 		RowsMissing: counter("pgscribe_rows_missing_total",
 			"Committed updates and deletes that matched no row, by rule.", "rule"),
+		OldestXact: prometheus.NewGauge(prometheus.GaugeOpts{Name: "pgscribe_oldest_transaction_seconds",
+			Help: "How long the oldest transaction open on an engine session of the source or target server has been open (any node's), sampled every lag_interval; 0 when none. Long ones hold back vacuum in the whole cluster."}),
 		Retries: counter("pgscribe_batch_retries_total",
 			"Batches retried after a transient failure, by SQLSTATE (40P01 deadlock, 40001 serialization …; \"connection\" for a lost connection).", "sqlstate"),
 	}
@@ -116,7 +119,7 @@ func NewMetrics(reg prometheus.Registerer, version string) *Metrics {
 	info.WithLabelValues(version, runtime.Version()).Set(1)
 	reg.MustRegister(m.Events, m.Batches, m.Isolation, m.BatchDuration, m.BatchEvents, m.LagSeconds, m.LagBytes,
 		m.Backlog, m.WatermarkLSN, m.LastCommit, m.Active, m.Halted, m.Paused, m.Halts, m.DeadLetters, m.StreamGaps,
-		m.Reconnects, m.BackfillDone, m.BackfillTotal, m.WatermarkTime, m.SlotRetained, m.ProbeErrors, m.RowsMissing, m.Retries, info)
+		m.Reconnects, m.BackfillDone, m.BackfillTotal, m.WatermarkTime, m.SlotRetained, m.ProbeErrors, m.RowsMissing, m.Retries, m.OldestXact, info)
 	return m
 }
 
