@@ -259,18 +259,9 @@ func TestSourceFaultSelectRevokedDuringBackfill(t *testing.T) {
 		e.appendEvents(t, rounds("r", 20, 300, "Tick", nil)...) // 6,000: many snapshot pages
 
 		// Hold the read model so that the backfill cannot get far: its reader
-		// blocks on full partition queues after a page or two. SHARE mode
-		// blocks the batches' inserts; unlike ACCESS EXCLUSIVE it takes no
-		// transaction id, which the slot's creation would wait for.
+		// blocks on full partition queues after a page or two.
 		ctx := context.Background()
-		hold, err := e.pool.Begin(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer hold.Rollback(ctx)
-		if _, err := hold.Exec(ctx, "LOCK TABLE "+proj.name+"_rows IN SHARE MODE"); err != nil {
-			t.Fatal(err)
-		}
+		hold := e.holdRows(t, proj)
 		p := e.start(t)
 		p.waitLog(waitLong, "the backfill", logMsg("backfill started", proj.name))
 		// A transaction that already read a table keeps its privileges (the
@@ -402,6 +393,39 @@ func TestSourceReadOnlyRole(t *testing.T) {
 		if n := p.countLog(logMsg("backfill complete", proj.name)); n != 1 {
 			t.Errorf("%d backfills completed, want 1", n)
 		}
+		p.stop()
+	})
+}
+
+// TestSourceFaultGroupSlotUndecodable: a group of two whose slot cannot
+// decode past a recreated publication while one member is paused (so that
+// it stays recorded on the group's slot). The other member resyncs on a
+// slot of its own; it must not rejoin the group's slot, which would fail
+// again and halt it for good (campaign seed 14): the first member to
+// resync drops the group's slot. The paused member resyncs when resumed,
+// and both end exact.
+func TestSourceFaultGroupSlotUndecodable(t *testing.T) {
+	t.Parallel()
+	t.Run(string(feedMember), func(t *testing.T) {
+		proj := faultProjection{name: "undec", types: []string{"Tick"}}
+		peer := proj.name + "_peer"
+		e, p := startFault(t, 5, "", rounds("u", 4, 10, "Tick", nil), proj)
+		admin := e.dsn
+		e.operate(t, 0, "pause", "-projection", peer, "-version", "1")
+		waitMetric(t, p, "pgscribe_paused", peer, 1, waitLong)
+		e.exec(t, "DROP PUBLICATION "+pgx.Identifier{scalar[string](t, e.pool, `SELECT pubname FROM pg_publication`)}.Sanitize())
+		e.appendEvents(t, rounds("u", 4, 5, "Tick", nil)...)
+		waitSourceHaltOf(t, e, p, proj.name, "source", "42704", admin) // the paused peer reads nothing
+		migrateAs(t, e, admin)
+		p.waitLog(waitLong, "the resync", logMsg("resyncing from a new snapshot", proj.name))
+		e.appendEvents(t, rounds("u", 4, 5, "Tick", nil)...)
+		waitAccounted(t, e.pool, waitLong, proj.name, 1, p.broken)
+		if v := p.metric("pgscribe_halted", projLabels(proj.name)); v != 0 {
+			t.Errorf("%s halted again after its resync (pgscribe_halted %v): it rejoined the group's slot that cannot decode", proj.name, v)
+		}
+		e.operate(t, 0, "resume", "-projection", peer, "-version", "1")
+		e.appendEvents(t, rounds("u", 4, 5, "Tick", nil)...)
+		e.verifyClean(t, p, proj)
 		p.stop()
 	})
 }
