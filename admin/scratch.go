@@ -2,6 +2,7 @@ package admin
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -160,20 +161,29 @@ func (s *scratch) ident(t string) string {
 }
 
 // drop removes the scratch schema and everything in it; it runs even when
-// ctx was cancelled (Ctrl-C), so nothing is left behind.
+// ctx was cancelled (Ctrl-C), so nothing is left behind. A cancelled
+// query can leave conn closed, or closing a moment later (pgx ends a
+// connection whose cancelled query does not stop in time): when conn
+// cannot drop the schema, a new connection does.
 func (s *scratch) drop(conn *pgx.Conn) error {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(context.Background()), time.Minute)
 	defer cancel()
-	if conn.IsClosed() {
-		// A cancelled query (Ctrl-C) can leave conn closed: drop on a
-		// new connection.
-		c, err := pgx.ConnectConfig(ctx, conn.Config())
-		if err != nil {
-			return fmt.Errorf("drop scratch schema %s: %w", s.schema, err)
+	var err error
+	if !conn.IsClosed() {
+		if err = s.dropOn(ctx, conn); err == nil {
+			return nil
 		}
-		defer c.Close(ctx)
-		conn = c
 	}
+	c, cerr := pgx.ConnectConfig(ctx, conn.Config())
+	if cerr != nil {
+		return fmt.Errorf("drop scratch schema %s: %w", s.schema, errors.Join(err, cerr))
+	}
+	defer c.Close(ctx)
+	// The lock goes with the old session; unlocking it here only warns.
+	return s.dropOn(ctx, c)
+}
+
+func (s *scratch) dropOn(ctx context.Context, conn *pgx.Conn) error {
 	if _, err := conn.Exec(ctx, "DROP SCHEMA IF EXISTS "+pgx.Identifier{s.schema}.Sanitize()+" CASCADE"); err != nil {
 		return fmt.Errorf("drop scratch schema %s: %w", s.schema, err)
 	}

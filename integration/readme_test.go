@@ -86,8 +86,15 @@ func TestREADMEQuickStart(t *testing.T) {
 
 	// Steps 6 and 7: status and the dead letter, as the README shows them
 	// (but for times, WAL positions and the node's name).
-	if r := e.mustRun(0, "status", "-config", cfg); !regexp.MustCompile(`(?m)^balances v1\s+live\s`).MatchString(r.stdout) {
-		t.Errorf("status: %s", r)
+	// Live once the group's stream reads the slot, a moment after the
+	// backfill (status says starting until then).
+	live := regexp.MustCompile(`(?m)^balances v1\s+live\s`)
+	var st cliResult
+	if !poll(t, 30*time.Second, "status to say live", func(context.Context) (bool, error) {
+		st = e.mustRun(0, "status", "-config", cfg)
+		return live.MatchString(st.stdout), nil
+	}) {
+		t.Errorf("status: %s", st)
 	}
 	r := e.mustRun(0, "deadletters", "list", "-config", cfg)
 	if !strings.Contains(r.stdout, "balances v1  4         acct-2/2  Withdrawn  rule:positive_amount  amount must be positive, got 0") {
