@@ -215,14 +215,23 @@ func TestWaitReadYourWrites(t *testing.T) {
 	// Idle means idle: the engine saves the watermark once after an idle
 	// advance, not again for the WAL of its own save (a loop would write
 	// hundreds of transactions a second).
+	// The WAL position is the cluster's, which the suite's other tests
+	// write too: the least of three 1 s windows is the engine's share (a
+	// loop writes in every window).
 	time.Sleep(time.Second)
-	var walBytes int64
-	e.scan("SELECT pg_current_wal_lsn()::text", nil, &lsn)
-	time.Sleep(3 * time.Second)
-	e.scan("SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), $1::pg_lsn)::bigint", []any{lsn}, &walBytes)
-	t.Logf("idle engine: %d bytes of WAL in 3 s", walBytes)
-	if walBytes > 64<<10 {
-		t.Errorf("idle engine wrote %d bytes of WAL in 3 s", walBytes)
+	walBytes := int64(-1)
+	for range 3 {
+		var w int64
+		e.scan("SELECT pg_current_wal_lsn()::text", nil, &lsn)
+		time.Sleep(time.Second)
+		e.scan("SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), $1::pg_lsn)::bigint", []any{lsn}, &w)
+		if walBytes < 0 || w < walBytes {
+			walBytes = w
+		}
+	}
+	t.Logf("idle engine: %d bytes of WAL in the quietest of three 1 s windows", walBytes)
+	if walBytes > 20<<10 {
+		t.Errorf("idle engine wrote %d bytes of WAL in 1 s", walBytes)
 	}
 }
 
