@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"os"
 	"sync"
 	"sync/atomic"
@@ -60,12 +61,18 @@ type rig struct {
 	done      chan error
 }
 
-func newRig(t *testing.T, partitions int) *rig {
+// migratedPool is a pool on a new migrated database, with params set on
+// each of its sessions.
+func migratedPool(t *testing.T, params map[string]string) *pgxpool.Pool {
 	t.Helper()
-	dsn := pgtest.Database(t)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	pool, err := pgxpool.New(context.Background(), dsn)
+	cfg, err := pgxpool.ParseConfig(pgtest.Database(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	maps.Copy(cfg.ConnConfig.RuntimeParams, params)
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -79,6 +86,14 @@ func newRig(t *testing.T, partitions int) *rig {
 	if err != nil {
 		t.Fatalf("migrate: %v", err)
 	}
+	return pool
+}
+
+func newRig(t *testing.T, partitions int) *rig {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	pool := migratedPool(t, nil)
 	if _, err := pool.Exec(ctx, `CREATE TABLE seen (event_id text PRIMARY KEY, stream_id text NOT NULL, stream_position bigint NOT NULL);
 CREATE TABLE totals (stream_id text PRIMARY KEY, n bigint NOT NULL);
 CREATE TABLE fence_ok ()`); err != nil {

@@ -30,7 +30,10 @@ import (
 // Batches whose row identity is ambiguous fall back to one statement per
 // intent in order: any op = "sql" intent (arbitrary SQL), or a table written
 // through different key column sets, or a keyless insert into a table that
-// is also updated or deleted in the batch.
+// is also updated or deleted in the batch. Such a batch first takes a
+// transaction-level advisory lock per row its keyed intents address, in
+// one order (rowLocks), so that its writes in event order do not deadlock
+// with another partition's.
 
 // shape is what makes intents share one statement.
 type shape struct {

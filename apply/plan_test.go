@@ -2,6 +2,7 @@ package apply
 
 import (
 	"math"
+	"slices"
 	"testing"
 
 	"github.com/pgscribe/pgscribe/event"
@@ -199,5 +200,29 @@ func TestPlanMisses(t *testing.T) {
 	layers, _ = planGroups([]*event.Intent{upsert("a", 1, "x"), upsert("a", 1, "y")})
 	if g := layers[0][0]; g.mayMiss || g.returning || g.folds != nil {
 		t.Error("upserts cannot miss")
+	}
+}
+
+// TestRowLocks: the sequential path's row locks are one per row (table,
+// key columns, key values), sorted, without keyless or sql intents.
+func TestRowLocks(t *testing.T) {
+	row := func(table, k string) *event.Intent {
+		return &event.Intent{Op: event.OpUpsert, Table: table, Key: []event.Column{{Name: "k", Value: k}}}
+	}
+	a, b, c := row("t", "a"), row("t", "b"), row("u", "a")
+	sql := &event.Intent{Op: event.OpSQL, SQL: "SELECT 1"}
+	keyless := &event.Intent{Op: event.OpInsert, Table: "t", Set: []event.Column{{Name: "k", Value: "a"}}}
+	got := rowLocks([]*event.Intent{b, a, sql, c, row("t", "a"), keyless})
+	if len(got) != 3 {
+		t.Fatalf("rowLocks = %v, want 3 locks (t/a, t/b, u/a)", got)
+	}
+	if !slices.IsSorted(got) {
+		t.Errorf("rowLocks = %v, not sorted", got)
+	}
+	if again := rowLocks([]*event.Intent{c, a, b}); !slices.Equal(got, again) {
+		t.Errorf("rowLocks depends on the intents' order: %v and %v", got, again)
+	}
+	if rowLocks([]*event.Intent{sql, keyless}) != nil {
+		t.Error("rowLocks locks rows of keyless or sql intents")
 	}
 }
