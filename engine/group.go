@@ -37,7 +37,7 @@ func (g *group) hubConfig() groupConfig {
 		targetURL: g.cfg.TargetURL(), schema: g.cfg.Engine.Schema, leaseTimeout: g.cfg.Engine.LeaseTimeout,
 		slowAfter: g.cfg.Engine.SlowMemberTimeout, src: p.source(),
 		opts: replication.StreamOptions{StatusInterval: g.cfg.Engine.StatusInterval, StallTimeout: g.cfg.Engine.StallTimeout,
-			Logger: g.log}}
+			Logger: g.log}, full: g.cfg}
 }
 
 // run takes the group's lock, runs every member under it, and stands by
@@ -67,6 +67,7 @@ func (g *group) run(ctx context.Context) error {
 			}()
 		}
 		h := newHub(g.hubConfig(), len(g.members), g.log)
+		h.ctx = gctx
 		membersDone := make(chan struct{})
 		hubDone := make(chan struct{})
 		go func() { defer close(hubDone); h.run(gctx, membersDone) }()

@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/pgscribe/pgscribe/config"
 	"github.com/pgscribe/pgscribe/event"
 	"github.com/pgscribe/pgscribe/replication"
 	"github.com/pgscribe/pgscribe/rules"
@@ -33,6 +34,8 @@ import (
 // which its own stream delivered, and every later one the hub will deliver.
 type hub struct {
 	cfg     groupConfig
+	ctx     context.Context // the group's active period on this node: shared scans run on it
+	scans   sync.WaitGroup  // shared scans running
 	log     *slog.Logger
 	members int    // configured members on this node
 	saver   *saver // the members' watermark saves, together
@@ -53,6 +56,8 @@ type hub struct {
 	skew      time.Duration           // this machine's clock less the server's, as of the stream's last message (its goroutine only)
 	sent      event.LSN               // the stream sent every transaction below it
 	confirmed event.LSN               // the highest position the slot may be confirmed to (what streams sent, or found)
+	scan      *sharedScan             // the members' shared backfill, while it gathers or runs
+	expect    map[string]bool         // members that shared the last scan and have not joined or left: the stream waits for them
 	demand    chan struct{}           // a member wants the stream (capacity 1)
 	stop      context.CancelCauseFunc // ends the running stream (join: errRestart)
 	ended     chan struct{}           // closed when the running stream has ended
@@ -76,6 +81,7 @@ type groupConfig struct {
 	slowAfter    time.Duration // [engine] slow_member_timeout: how long a member's queue may stay full
 	src          replication.Source
 	opts         replication.StreamOptions
+	full         *config.Config // the whole configuration: what a shared scan reads with
 }
 
 // gatherWindow is how long a starting stream waits for the group's
@@ -126,7 +132,7 @@ func quiet(err error) bool { return errors.Is(err, errRestart) || errors.Is(err,
 func newHub(cfg groupConfig, members int, log *slog.Logger) *hub {
 	return &hub{cfg: cfg, log: log, members: members, saver: newSaver(cfg.targetURL, cfg.leaseTimeout, log),
 		attached: map[string]*member{}, held: map[string]event.LSN{}, served: map[string]bool{}, waiting: map[string]time.Time{},
-		slow: map[string]*slowMark{}, demand: make(chan struct{}, 1)}
+		slow: map[string]*slowMark{}, expect: map[string]bool{}, demand: make(chan struct{}, 1)}
 }
 
 func memberKey(spec rules.Spec) string { return fmt.Sprintf("%s/%d", spec.Name, spec.Version) }
@@ -408,6 +414,7 @@ func (h *hub) join(ctx context.Context, spec rules.Spec, sink replication.Sink, 
 		return nil, errBehind
 	}
 	delete(h.waiting, memberKey(spec))
+	delete(h.expect, memberKey(spec))
 	m := &member{key: memberKey(spec), sink: sink, next: from, ownSlot: ownSlot, ch: make(chan hubMsg, memberQueue),
 		done: make(chan struct{}), fed: make(chan error, 1), started: make(chan error, 1)}
 	if old := h.attached[m.key]; old != nil {
@@ -564,6 +571,7 @@ func (h *hub) confirmable() event.LSN {
 func (h *hub) run(ctx context.Context, membersDone <-chan struct{}) {
 	defer func() {
 		<-membersDone
+		h.scans.Wait()
 		if h.conn != nil {
 			if err := h.refreshHeld(context.WithoutCancel(ctx)); err != nil {
 				h.log.Warn("read the members' watermarks", "err", err)
@@ -580,7 +588,20 @@ func (h *hub) run(ctx context.Context, membersDone <-chan struct{}) {
 			return
 		case <-h.demand:
 		}
-		h.gather(ctx)
+		if sc := h.scanning(); sc != nil {
+			// The members' shared scan holds the group's slot: the
+			// stream starts once it let the slot go.
+			select {
+			case <-sc.done:
+			case <-ctx.Done():
+				return
+			}
+		}
+		h.gather(ctx, func() int {
+			h.mu.Lock()
+			defer h.mu.Unlock()
+			return len(h.attached)
+		})
 		err := h.stream(ctx)
 		if ctx.Err() != nil {
 			return
@@ -598,21 +619,28 @@ func (h *hub) run(ctx context.Context, membersDone <-chan struct{}) {
 	}
 }
 
-// gather waits for the configured members to attach: until all have, or
-// none came for gatherGap, or gatherWindow passed.
-func (h *hub) gather(ctx context.Context) {
-	deadline := time.Now().Add(gatherWindow)
-	last, seen := time.Now(), -1
-	for time.Now().Before(deadline) {
-		h.mu.Lock()
-		n := len(h.attached)
-		h.mu.Unlock()
+// gather waits for the configured members to come (count): until all
+// have, or none came for gatherGap, or gatherWindow passed. Members that
+// shared the group's scan and have not joined yet (expect) are waited
+// for up to expectWindow: each joins once its last batches committed.
+func (h *hub) gather(ctx context.Context, count func() int) {
+	began := time.Now()
+	last, seen := began, -1
+	for {
+		n := count()
 		if n >= h.members {
 			return
 		}
+		h.mu.Lock()
+		expecting := len(h.expect) > 0
+		h.mu.Unlock()
+		now := time.Now()
 		if n != seen {
-			last, seen = time.Now(), n
-		} else if time.Since(last) >= gatherGap {
+			last, seen = now, n
+		}
+		switch {
+		case expecting && now.Sub(began) < expectWindow:
+		case now.Sub(began) >= gatherWindow || now.Sub(last) >= gatherGap:
 			return
 		}
 		select {
@@ -622,6 +650,11 @@ func (h *hub) gather(ctx context.Context) {
 		}
 	}
 }
+
+// expectWindow bounds how long the group's stream waits for the members
+// of a shared scan to join: one that comes later catches up on a copy of
+// the group's slot.
+const expectWindow = 30 * time.Second
 
 // failAll detaches every attached member with err (their sessions end
 // with it and restart, or halt, by its class).
@@ -639,30 +672,13 @@ func (h *hub) failAll(err error) {
 // a held version whose row moved to another slot (it left the group) or
 // went away (reset, retired) no longer does.
 func (h *hub) refreshHeld(ctx context.Context) error {
-	cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	defer cancel()
-	conn, err := pgx.Connect(cctx, h.cfg.targetURL)
+	rec, err := h.recorded(ctx)
 	if err != nil {
 		return err
 	}
-	defer conn.Close(context.WithoutCancel(ctx))
-	rows, err := conn.Query(cctx, `SELECT projection || '/' || version, COALESCE(lsn, '0/0')::text FROM `+
-		pgx.Identifier{h.cfg.schema, "watermarks"}.Sanitize()+` WHERE slot_name = $1`, h.cfg.slot)
-	if err != nil {
-		return err
-	}
-	recorded := map[string]event.LSN{}
-	for rows.Next() {
-		var k, l string
-		if err := rows.Scan(&k, &l); err != nil {
-			return err
-		}
-		if recorded[k], err = event.ParseLSN(l); err != nil {
-			return err
-		}
-	}
-	if err := rows.Err(); err != nil {
-		return err
+	recorded := make(map[string]event.LSN, len(rec))
+	for k, w := range rec {
+		recorded[k] = w.lsn
 	}
 	h.mu.Lock()
 	defer h.mu.Unlock()
@@ -680,6 +696,37 @@ func (h *hub) refreshHeld(ctx context.Context) error {
 		}
 	}
 	return nil
+}
+
+// recordedWM is a version's watermark row on the group's slot.
+type recordedWM struct {
+	lsn   event.LSN
+	phase string
+}
+
+// recorded reads the watermarks of every version recorded on the group's
+// slot, by member key.
+func (h *hub) recorded(ctx context.Context) (map[string]recordedWM, error) {
+	cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	conn, err := pgx.Connect(cctx, h.cfg.targetURL)
+	if err != nil {
+		return nil, err
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	rows, err := conn.Query(cctx, `SELECT projection || '/' || version, COALESCE(lsn, '0/0')::text, phase FROM `+
+		pgx.Identifier{h.cfg.schema, "watermarks"}.Sanitize()+` WHERE slot_name = $1`, h.cfg.slot)
+	if err != nil {
+		return nil, err
+	}
+	out := map[string]recordedWM{}
+	var k, l, phase string
+	_, err = pgx.ForEachRow(rows, []any{&k, &l, &phase}, func() error {
+		lsn, err := event.ParseLSN(l)
+		out[k] = recordedWM{lsn: lsn, phase: phase}
+		return err
+	})
+	return out, err
 }
 
 // errGroupSlotLost ends an in-group member's session when the group's

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -49,6 +48,7 @@ type session struct {
 	inGroup bool      // the plan: stream from the group's slot (hub), not the version's own
 	start   event.LSN // where the ledger starts: every transaction committing below it is applied
 	member  *member   // attached to the group's stream
+	shared  bool      // the backfill was the group's scan
 }
 
 // session runs one active period while lease is held.
@@ -120,17 +120,13 @@ func (s *session) run(ctx context.Context) error {
 	ctlDone := make(chan struct{})
 	go func() { defer close(ctlDone); s.obeyControls(sessCtx, cancel) }()
 
-	// A version streaming from its group's slot needs no replication
-	// connection of its own (the group's stream has one); replicate opens
-	// one if it comes to need it.
+	// The session opens a replication connection of its own only when it
+	// comes to need one: to create its slot for a backfill alone, or to
+	// stream its own slot until it joins the group's stream. A member that
+	// streams from the group's slot, or shares its scan, opens none (the
+	// group's stream has one).
 	var replConn *pgconn.PgConn
-	if !s.inGroup {
-		replConn, err = replication.ConnectReplication(sessCtx, s.cfg.Database.URL)
-		err = atSource(err)
-	}
-	if err == nil {
-		err = s.replicate(sessCtx, &replConn)
-	}
+	err = s.replicate(sessCtx, &replConn)
 	if replConn != nil {
 		defer replConn.Close(context.WithoutCancel(ctx))
 	}
@@ -327,6 +323,13 @@ func (s *session) planGroup(ctx context.Context, wm cursor.Watermark, own replic
 	if gslot == s.slot {
 		return 0, false, nil // a group of one: its slot is its own
 	}
+	if wm.Phase == "backfilling" && resync == "" && gslot == s.cfg.FeedSlot(s.spec) {
+		// The group's shared scan was interrupted: the version backfills
+		// again, sharing the group's next scan when its members start
+		// together, or on a slot of its own (which its watermark then
+		// moves to). Cursors skip what it applied.
+		return 0, false, nil
+	}
 	if !usable || resync != "" {
 		// Nothing to copy: the slot-lost path (a resync from a new
 		// snapshot, cursors skipping what was applied) follows.
@@ -457,12 +460,8 @@ func (s *session) replicate(ctx context.Context, connp **pgconn.PgConn) error {
 	s.setState(StateLive)
 	feed := s.cfg.FeedSlot(s.spec)
 	if !s.inGroup && s.slot == feed {
-		// A group of one after its backfill: its own slot is the one the
-		// group's stream reads.
-		if replConn != nil {
-			replConn.Close(context.WithoutCancel(ctx))
-		}
-		replConn, *connp = nil, nil
+		// A group of one: its own slot is the one the group's stream
+		// reads.
 		s.inGroup = true
 		s.onGroup.Store(true)
 	}
@@ -472,6 +471,9 @@ func (s *session) replicate(ctx context.Context, connp **pgconn.PgConn) error {
 		if err == nil {
 			if err = waitStarted(ctx, m); err == nil {
 				s.member = m
+				if s.shared {
+					s.log.Info("joined the group's stream", "slot", feed, "at", s.start.String(), "after", "the group's scan")
+				}
 				return m.wait()
 			}
 		}
@@ -511,6 +513,13 @@ func (s *session) replicate(ctx context.Context, connp **pgconn.PgConn) error {
 		if !errors.Is(err, errBehind) {
 			return err
 		}
+		if replConn == nil {
+			c, err := replication.ConnectReplication(ctx, s.cfg.Database.URL)
+			if err != nil {
+				return atSource(err)
+			}
+			replConn, *connp = c, c
+		}
 	}
 	return s.streamAndJoin(ctx, replConn, sink, opts)
 }
@@ -536,7 +545,7 @@ func (s *session) joined(ctx context.Context, replConn *pgconn.PgConn, at event.
 		return err
 	}
 	s.onGroup.Store(true)
-	s.log.Info("joined the group's stream", "slot", gslot, "at", at.String())
+	s.log.Info("joined the group's stream", "slot", gslot, "at", at.String(), "after", "its own slot")
 	if replConn != nil {
 		replConn.Close(context.WithoutCancel(ctx))
 	}
@@ -571,92 +580,92 @@ func (s *session) streamAndJoin(ctx context.Context, replConn *pgconn.PgConn, si
 // restart finds phase "backfilling" and rebuilds from a new snapshot, and
 // per-stream cursors skip what was applied.
 //
-// No transaction stays open while it reads: the snapshot's transaction
-// counts the events and ends, and each page is read in a transaction of
-// its own, a scout on the slot telling apart what committed since (see
-// replication.Scout). The scout streams on the replication connection
-// the slot was created on (which also ends the walsender's snapshot
-// transaction); *connp is a new one for the stream after the backfill.
+// No transaction stays open while it reads (see scan). A member of a
+// group whose stream is not running shares one scan of the group's slot
+// with the members that start with it (hub.shareScan): the events are
+// read and decoded once for all of them, and they join the group's stream
+// at the slot's consistent point. Otherwise (a version alone, a member
+// joining a running group, an adoption) the version scans its own slot;
+// *connp is the replication connection the slot is created on, and nil
+// after the backfill (the scout's walsender ends with it).
 func (s *session) backfill(ctx context.Context, connp **pgconn.PgConn, sink *ledgerSink) error {
-	replConn := *connp
-	consistent, snapName, err := replication.CreateSlot(ctx, replConn, s.slot)
-	if err != nil {
-		return atSource(err)
+	if s.hub.members > 1 && !s.adopt {
+		if seat := s.hub.shareScan(s.spec, s.prog); seat != nil {
+			err := s.sharedBackfill(ctx, seat, sink)
+			if !errors.Is(err, errNotShared) {
+				return err
+			}
+			s.log.Info("backfilling from a slot of its own: the group's scan is not shared", "slot", s.slot)
+		}
 	}
-	snapCfg, err := pgx.ParseConfig(s.cfg.Database.URL)
-	if err != nil {
-		return atSource(fmt.Errorf("connect for snapshot: %w", err))
+	if *connp == nil {
+		c, err := replication.ConnectReplication(ctx, s.cfg.Database.URL)
+		if err != nil {
+			return atSource(err)
+		}
+		*connp = c
 	}
-	snapCfg.RuntimeParams["application_name"] = "pgscribe backfill"
-	snapConn, err := pgx.ConnectConfig(ctx, snapCfg)
-	if err != nil {
-		return atSource(fmt.Errorf("connect for snapshot: %w", err))
-	}
-	defer snapConn.Close(context.WithoutCancel(ctx))
-	snap, err := replication.OpenSnapshot(ctx, snapConn, s.src, snapName)
-	if err != nil {
-		return atSource(err)
-	}
-	defer snap.Close(ctx)
-	// Backfill batches carry no commit time; the snapshot's newest commit
-	// stands for the commit time at the watermark (status's COMMITTED, the
-	// watermark commit timestamp metric), which would stay unknown until a
-	// live event arrived. The snapshot does not change, so it is read
-	// before the batches, and an empty ledger transaction after them sets
-	// it once they are all accounted for.
-	snapTime, err := snapshotCommitTime(ctx, snapConn, s.cfg.Source)
-	if err != nil {
-		s.log.Warn("commit time of the snapshot's newest events unknown", "err", err)
-	}
-	s.log.Info("backfill started", "slot", s.slot, "consistent_lsn", consistent.String(), "events", snap.Total)
+	var before func(*replication.Snapshot) error
 	if s.adopt {
-		if err := s.adoptHeads(ctx, snap); err != nil {
-			return err
-		}
+		before = func(snap *replication.Snapshot) error { return s.adoptHeads(ctx, snap) }
 	}
-	if err := snap.Release(ctx); err != nil {
-		return atSource(err)
-	}
-	scout := replication.StartScout(ctx, replConn, s.src, consistent, snap.UpTo,
-		replication.StreamOptions{StallTimeout: s.cfg.Engine.StallTimeout, Logger: s.log})
-	scouting := true
-	defer func() {
-		if scouting {
-			_ = scout.Stop()
-		}
-	}()
-	if err := startBackfill(ctx, s.store, s.fenced, s.slot, consistent, snap.Total); err != nil {
+	sc, err := openScan(ctx, s.cfg, s.src, *connp, s.slot, s.log, before)
+	*connp = nil // the scan's now
+	if err != nil {
 		return err
 	}
+	defer sc.close(ctx)
+	return s.applyScan(ctx, sink, scanned{slot: s.slot, consistent: sc.consistent, total: sc.total, snapTime: sc.snapTime,
+		next: sc.next, finish: func(ctx context.Context) error { return sc.finish(ctx, s.srcConn) }})
+}
+
+// sharedBackfill applies the group's scan from seat; errNotShared says
+// there is none to share (the version scans alone).
+func (s *session) sharedBackfill(ctx context.Context, seat *seat, sink *ledgerSink) error {
+	defer seat.leave()
+	var st scanStart
+	select {
+	case st = <-seat.start:
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	if st.err != nil {
+		return st.err
+	}
+	gslot := s.cfg.FeedSlot(s.spec)
+	s.ledger.setSlot(gslot)
+	s.onGroup.Store(true)
+	err := s.applyScan(ctx, sink, scanned{slot: gslot, consistent: st.consistent, total: st.total, snapTime: st.snapTime,
+		next: seat.next, finish: seat.finish})
+	if err != nil {
+		return err
+	}
+	s.inGroup, s.shared = true, true
+	return nil
+}
+
+// scanned is a backfill's source as the version applies it: its own scan
+// or its seat at the group's.
+type scanned struct {
+	slot       string
+	consistent event.LSN
+	total      int64
+	snapTime   time.Time
+	next       func(context.Context) ([]*event.Event, bool, error) // false after the last page
+	finish     func(context.Context) error                         // after the last page: the slot is free for the stream
+}
+
+// applyScan records the backfill, applies every page of sc, and marks the
+// version live at sc's consistent point once every event is accounted for.
+func (s *session) applyScan(ctx context.Context, sink *ledgerSink, sc scanned) error {
+	if err := startBackfill(ctx, s.store, s.fenced, sc.slot, sc.consistent, sc.total); err != nil {
+		return err
+	}
+	s.log.Info("backfill started", "slot", sc.slot, "consistent_lsn", sc.consistent.String(), "events", sc.total)
 	started := time.Now()
 	lastLog := started
 	var done int64
-	pages, stopReading := s.readPages(ctx, snap)
-	defer stopReading()
-	for {
-		var pg page
-		select {
-		case pg = <-pages:
-		case <-ctx.Done():
-			return ctx.Err()
-		}
-		if pg.err != nil {
-			return atSource(pg.err)
-		}
-		evs := pg.evs
-		if len(evs) == 0 {
-			break
-		}
-		// The page holds the snapshot's events and those of transactions
-		// committed since, which the stream delivers after the backfill.
-		if err := scout.Wait(ctx, pg.seen); err != nil {
-			return atSlot(err)
-		}
-		read := len(evs)
-		evs = slices.DeleteFunc(evs, func(ev *event.Event) bool { return scout.Streamed(ev.Position) })
-		if len(evs) < read {
-			s.log.Info("backfill page: events committed after the snapshot left to the stream", "events", read-len(evs))
-		}
+	if err := eachPage(ctx, sc.next, func(evs []*event.Event) error {
 		// A snapshot batch is one transaction of the ledger, sealed at 0:
 		// it never moves the slot's watermark by itself.
 		tok := sink.Begin(0, time.Time{})
@@ -667,82 +676,34 @@ func (s *session) backfill(ctx context.Context, connp **pgconn.PgConn, sink *led
 		}
 		sink.Commit(tok, 0)
 		done += int64(len(evs))
-		s.metrics.SetBackfill(done, snap.Total)
+		s.metrics.SetBackfill(done, sc.total)
 		if time.Since(lastLog) >= 5*time.Second {
 			lastLog = time.Now()
-			s.logProgress(done, snap.Total, started)
-			_ = setPhase(ctx, s.store, s.fenced, "backfilling", snap.Total, done)
+			s.logProgress(done, sc.total, started)
+			_ = setPhase(ctx, s.store, s.fenced, "backfilling", sc.total, done)
 		}
+		return nil
+	}); err != nil {
+		return err
 	}
-	// The stream after the backfill reads the slot again from the
-	// consistent point, on a connection of its own once the scout's
-	// walsender has let the slot go.
-	scouting = false
-	if err := scout.Stop(); err != nil {
-		return atSlot(err)
+	if err := sc.finish(ctx); err != nil {
+		return err
 	}
-	replConn.Close(context.WithoutCancel(ctx))
-	c, err := replication.ConnectReplication(ctx, s.cfg.Database.URL)
-	if err != nil {
-		return atSource(err)
-	}
-	*connp = c
-	if err := replication.TerminateSlotHolder(ctx, s.srcConn, s.slot); err != nil {
-		return atSource(err)
-	}
-	if !snapTime.IsZero() {
-		sink.Commit(sink.Begin(0, snapTime), 0)
+	if !sc.snapTime.IsZero() {
+		sink.Commit(sink.Begin(0, sc.snapTime), 0)
 	}
 	if err := s.ledger.settle(ctx); err != nil {
 		return err
 	}
-	if err := setPhase(ctx, s.store, s.fenced, "live", snap.Total, done); err != nil {
+	if err := setPhase(ctx, s.store, s.fenced, "live", sc.total, done); err != nil {
 		return err
 	}
-	s.ledger.reached(consistent)
-	s.start = consistent
+	s.ledger.reached(sc.consistent)
+	s.start = sc.consistent
 	el := time.Since(started)
 	s.log.Info("backfill complete", "events", done, "seconds", el.Round(time.Millisecond).Seconds(),
 		"events_per_second", int64(float64(done)/max(el.Seconds(), 1e-9)))
 	return nil
-}
-
-// page is one page of a backfill: its events, the WAL position read after
-// it (replication.Snapshot.Seen), or why it could not be read.
-type page struct {
-	evs  []*event.Event
-	seen event.LSN
-	err  error
-}
-
-// readPages reads the snapshot's pages a page ahead of the backfill, which
-// waits for the scout to pass each page's WAL position meanwhile: an empty
-// page or an error ends them. A page is at most a quarter of the
-// version's buffer_mb (the partitions' bound holds the rest, two pages
-// the reader). stop ends the reader and waits for it, before the
-// snapshot's connection closes.
-func (s *session) readPages(ctx context.Context, snap *replication.Snapshot) (pages <-chan page, stop func()) {
-	ctx, cancel := context.WithCancel(ctx)
-	out := make(chan page, 1)
-	ended := make(chan struct{})
-	go func() {
-		defer close(ended)
-		for {
-			evs, err := snap.Next(ctx, s.cfg.Engine.BackfillBatchSize, int64(s.cfg.Engine.BufferMB)<<18)
-			if err == nil && ctx.Err() != nil {
-				err = ctx.Err()
-			}
-			select {
-			case out <- page{evs: evs, seen: snap.Seen, err: err}:
-			case <-ctx.Done():
-				return
-			}
-			if err != nil || len(evs) == 0 {
-				return
-			}
-		}
-	}()
-	return out, func() { cancel(); <-ended }
 }
 
 // adoptHeads seeds the cursors of a first start with start_after_position

@@ -79,6 +79,21 @@ var All = Want{All: true}
 
 func (w Want) none() bool { return !w.All && len(w.Keys) == 0 }
 
+// Union is what w and o want together: the whole document when either
+// wants it whole, else both's keys.
+func (w Want) Union(o Want) Want {
+	if w.All || o.All {
+		return All
+	}
+	keys := slices.Clone(w.Keys)
+	for _, k := range o.Keys {
+		if !slices.Contains(keys, k) {
+			keys = append(keys, k)
+		}
+	}
+	return Want{Keys: keys}
+}
+
 // DecodeDocuments decodes Data and Metadata as far as data and metadata
 // want, unless already set: rules decode only what their expressions
 // read. A document of which only some keys are wanted becomes a map of

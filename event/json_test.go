@@ -108,3 +108,21 @@ func FuzzDecodeKeys(f *testing.F) {
 		checkDecodeKeys(t, raw, []string{key, "account_id"})
 	})
 }
+
+// TestWantUnion: a document wanted whole by one side is wanted whole; else
+// both sides' keys, each once, in first-seen order.
+func TestWantUnion(t *testing.T) {
+	ab, bc := Want{Keys: []string{"a", "b"}}, Want{Keys: []string{"b", "c"}}
+	if got := ab.Union(bc); got.All || !reflect.DeepEqual(got.Keys, []string{"a", "b", "c"}) {
+		t.Errorf("union of a,b and b,c = %+v, want keys a,b,c", got)
+	}
+	if got := ab.Union(All); !got.All {
+		t.Errorf("union with All = %+v, want All", got)
+	}
+	if got := (Want{}).Union(Want{}); !got.none() {
+		t.Errorf("union of nothing = %+v, want nothing", got)
+	}
+	if len(ab.Keys) != 2 {
+		t.Errorf("Union modified its receiver: %v", ab.Keys)
+	}
+}

@@ -555,7 +555,8 @@ FROM generate_series(1, 2) AS sp CROSS JOIN generate_series(0, 1) AS s ORDER BY 
 		r.waitLog(s, 3*time.Minute, `msg="backfill complete"`, len(projs))
 		r.waitCaughtUp(2 * time.Minute)
 		r.verify()
-		if n := s.logText(`left to the stream" projection=balances`); n == 0 {
+		// Alone, balances' scan logs it; as members, the group's one scan.
+		if n := s.logText(`left to the stream"`); n == 0 {
 			t.Error("no backfill page saw the events committed after the snapshot: the test did not exercise the scout")
 		}
 		s.terminate(time.Minute)

@@ -257,7 +257,8 @@ func (r *rig) streamUnderWriters(streams, perStream, extra, writers int) (a *app
 // TestGroupShareOneSlot: three projections of the default group with
 // different rules (a per-stream upsert with inc, a key-only insert, an
 // insert per event) build from a backlog and stream under writers. They
-// end exact, each on the group's slot, the only slot of the
+// build from one scan of the group's slot (one snapshot, read once for the
+// three), and end exact, each on the group's slot, the only slot of the
 // configuration, streamed by one walsender.
 func TestGroupShareOneSlot(t *testing.T) {
 	stats, opened, act := streamStatsProjection(), openedProjection(), activityProjection()
@@ -267,7 +268,6 @@ func TestGroupShareOneSlot(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	for _, p := range r.projs {
-		r.waitLog(s, 2*time.Minute, `msg="joined the group's stream" projection=`+p.name, 1)
 		r.waitApplied(ctx, p, time.Minute, 200, p.name+" to apply events written while it streams from the group")
 	}
 	a.stop()
@@ -277,8 +277,11 @@ func TestGroupShareOneSlot(t *testing.T) {
 	gm := []gMember{{stats.name, stats.version}, {opened.name, 1}, {act.name, 1}}
 	requireOnGroupSlot(t, r.pool, r.prefix, "default", gm...)
 	requireGroupConfirmed(t, r.pool, r.prefix, "default", gm...)
-	if n := linesWith(s, `msg="created the group's slot`); n != 1 { // fresh, or as a copy of a member's
-		t.Errorf("the group's slot was created %d times, want once", n)
+	if n := linesWith(s, `msg="one scan of the group's slot for its members"`, "members=3"); n != 1 {
+		t.Errorf("%d scans of the group's slot for its three members, want one", n)
+	}
+	if n := linesWith(s, `msg="joined the group's stream"`, `after="its own slot"`) + linesWith(s, `msg="created the group's slot`); n != 0 {
+		t.Errorf("%d joins from a slot of a member's own, or slots created beside the scan's, want none", n)
 	}
 	s.terminate(time.Minute)
 	t.Logf("%d events appended by writers", a.events.Load())
@@ -1016,3 +1019,77 @@ func TestGroupSlowMemberDetached(t *testing.T) {
 	bothOnStream(t, e, p, g1, g2)
 	p.stop()
 }
+
+// TestGroupKill9DuringSharedScan: three members of the default group (w6's
+// shape, with rule and commit-time poison and rows every stream writes;
+// balances; activity) build together from one scan of the group's slot
+// while writers append. pgscribe is killed (SIGKILL) during the scan at a
+// random moment, three times; each restart scans again for all three (the
+// interrupted backfill is recorded on the group's slot), and no slot but
+// the group's is ever made. All end exact, with the dead letters w6's
+// poison calls for, on the group's slot alone.
+func TestGroupKill9DuringSharedScan(t *testing.T) {
+	w6, bal, act := w6Projection(), balancesProjection(), activityProjection()
+	members := []gMember{{w6.name, w6.version}, {bal.name, bal.version}, {act.name, act.version}}
+	r := newRig(t, []coreProjection{w6, bal, act}, nil)
+	seed := seedFromEnv(t)
+	rng := rand.New(rand.NewPCG(seed, 13))
+	r.seed(1500, 30)
+	a := newAppender(r, 1600, 3*time.Millisecond)
+	a.start(2, seed)
+	gslot := groupSlot(r.prefix, "default")
+	scanned := `msg="one scan of the group's slot for its members"`
+	for round := range 3 {
+		s := r.start()
+		live := false
+		r.waitUntil(2*time.Minute, "the shared scan to begin", func(context.Context) (bool, error) {
+			live = true
+			for _, m := range members {
+				live = live && loadWatermark(t, r.pool, m.name, m.version).phase == "live"
+			}
+			return live || linesWith(s, scanned) > 0, nil
+		})
+		if live && linesWith(s, scanned) == 0 {
+			// The last kill came after the scan's end.
+			t.Logf("round %d: every member live at the start, no scan to interrupt", round)
+			s.kill()
+			break
+		}
+		d := time.Duration(rng.IntN(1500)) * time.Millisecond
+		time.Sleep(d) // the random kill moment itself, not synchronisation
+		s.kill()
+		if n := linesWith(s, scanned, "members=3"); n != 1 {
+			t.Errorf("round %d: %d scans for the three members, want one", round, n)
+		}
+		var state []string
+		for _, m := range members {
+			w := loadWatermark(t, r.pool, m.name, m.version)
+			state = append(state, fmt.Sprintf("%s: slot %s phase %s", m.name, w.slot, w.phase))
+			if w.ok && w.slot != gslot {
+				t.Errorf("round %d: %s's watermark is on %s, not on the group's slot", round, m.name, w.slot)
+			}
+		}
+		slots := prefixSlots(t, r.pool, r.prefix)
+		if len(slots) > 1 || (len(slots) == 1 && !has(slots, gslot)) {
+			t.Errorf("round %d: slots %v, want the group's alone", round, slots)
+		}
+		covered := groupNotAhead(t, r, a, fmt.Sprintf("kill %d", round+1), w6, bal, act)
+		t.Logf("round %d: killed %s after the scan began: %s; slots %v; %d transactions checked at or below the confirmed positions",
+			round, d, strings.Join(state, ", "), slots, covered)
+	}
+	s := r.start()
+	r.waitStreaming(s, 3*time.Minute)
+	a.stop()
+	a.checkErrors()
+	r.waitCaughtUp(3 * time.Minute)
+	r.verify()
+	requireW6Poison(t, r.pool)
+	requireOnGroupSlot(t, r.pool, r.prefix, "default", members...)
+	if n := linesWith(s, `msg="joined the group's stream"`, `after="its own slot"`) + linesWith(s, `msg="backfilling from a slot of its own`); n != 0 {
+		t.Errorf("after the last restart: %d members backfilled or joined from a slot of their own, want none", n)
+	}
+	s.terminate(time.Minute)
+	t.Logf("%d events appended by writers", a.events.Load())
+}
+
+func has(m map[string]bool, k string) bool { _, ok := m[k]; return ok }

@@ -218,6 +218,20 @@ func (p *Program) index(ons [][]string) {
 	p.anyUses = usesOf(p.anyRules)
 }
 
+// Uses is what the rules that match events of type typ read of an
+// event's two JSON documents (Eval decodes that much, unless the event's
+// documents are decoded already).
+func (p *Program) Uses(typ string) (data, metadata event.Want) {
+	u, ok := p.usesByType[typ]
+	if !ok {
+		if len(p.anyRules) == 0 {
+			return event.Want{}, event.Want{}
+		}
+		u = p.anyUses
+	}
+	return u.data, u.metadata
+}
+
 // uses is what expressions read of an event's two JSON documents.
 type uses struct{ data, metadata event.Want }
 
