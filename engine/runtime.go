@@ -1,9 +1,11 @@
 package engine
 
 import (
+	"cmp"
 	"log/slog"
 	"os"
 	"runtime/debug"
+	"slices"
 
 	"github.com/pgscribe/pgscribe/config"
 )
@@ -33,20 +35,36 @@ func SetMemoryLimit(cfg *config.Config, log *slog.Logger) {
 }
 
 // memoryLimitPerProjection is the soft memory limit (a GC target, not a
-// cap) per projection that can be active on this node, used when
-// GOMEMLIMIT is not set. With the default engine settings a projection's
-// live heap stays well under it (bounded queues and batches); what it
-// stops is GOGC=200 letting the heap of a long backfill drift up between
-// collections (peak RSS of a 5M-event backfill 153 MB without it, against
-// 114 MB for 1M). Raise it with GOMEMLIMIT for large events or queues.
-const memoryLimitPerProjection = 96 << 20
+// cap) per group that can be active on this node, used when GOMEMLIMIT is
+// not set, and memoryLimitPerMember what each member past a group's first
+// adds. With the default engine settings a projection's live heap stays
+// well under it (bounded queues and batches); what it stops is GOGC=200
+// letting the heap of a long backfill drift up between collections (peak
+// RSS of a 5M-event backfill 153 MB without it, against 114 MB for 1M).
+// A group's members share its scan, its stream and the documents they
+// decode: 8 members backfilling 1M events peaked at 409 MB with 96 MiB
+// each as the target, under 300 MB with a member's share (W7, RESULTS.md).
+// Raise it with GOMEMLIMIT for large events or queues.
+const (
+	memoryLimitPerProjection = 96 << 20
+	memoryLimitPerMember     = 24 << 20
+)
 
-// defaultMemoryLimit is memoryLimitPerProjection times the projections
-// this node can run at once.
+// defaultMemoryLimit is the sum of the targets of the groups this node
+// can run at once (max_active_projections counts a group as one: the
+// largest groups count).
 func defaultMemoryLimit(cfg *config.Config) int64 {
-	n := len(cfg.Projections)
-	if m := cfg.Engine.MaxActiveProjections; m > 0 && m < n {
-		n = m
+	var each []int64
+	for _, idx := range cfg.Groups() {
+		each = append(each, memoryLimitPerProjection+int64(len(idx)-1)*memoryLimitPerMember)
 	}
-	return int64(max(n, 1)) * memoryLimitPerProjection
+	slices.SortFunc(each, func(a, b int64) int { return cmp.Compare(b, a) })
+	if m := cfg.Engine.MaxActiveProjections; m > 0 && m < len(each) {
+		each = each[:m]
+	}
+	var sum int64
+	for _, l := range each {
+		sum += l
+	}
+	return max(sum, memoryLimitPerProjection)
 }
