@@ -43,7 +43,7 @@ type options struct {
 	w4Tick                       time.Duration
 	w5TxEvents                   int64
 	w7Events                     int64
-	w7Counts, w7Live             []int
+	w7Counts, w7Live, w7Backfill []int
 	w7Rate, w7Repeat             int
 	w7Slow                       bool
 	w7Rules                      bool
@@ -110,6 +110,7 @@ func parseFlags(args []string) (options, error) {
 	fs.IntVar(&o.w7Repeat, "w7-repeat", 3, "W7: runs of each catch-up and live N (in rounds of every N); each N's figures are its median run")
 	w7Counts := fs.String("w7-counts", "1,4,8", "W7: the numbers of projections whose WAL catch-up is measured")
 	w7Live := fs.String("w7-live", "1,8", "W7: the numbers of projections whose live latency is measured")
+	w7Backfill := fs.String("w7-backfill", "1,8", "W7: the numbers of projections whose backfill of the same events (appended before the first start) is measured; \"\" for none")
 	fs.IntVar(&o.w7Rate, "w7-rate", 1000, "W7: producer rate of the live step, events/s")
 	fs.BoolVar(&o.w7Slow, "w7-slow", true, "W7: when 8 is in -w7-live, one more live step of 8 projections of which one is slow (its sql rule sleeps in PostgreSQL per event)")
 	fs.Int64Var(&o.w7Poison, "w7-poison", 5, "W7: per 1,000 deposits and withdrawals appended for the catch-up, how many carry a reference too long for the read models' varchar(40) (commit-time poison, dead-lettered by every projection)")
@@ -120,7 +121,7 @@ func parseFlags(args []string) (options, error) {
 	fs.BoolVar(&o.refs, "refs", true, "measure the references: SQL ceiling, per-event loop, W4's decode floor (false: engine only, for quick experiments)")
 	fs.BoolVar(&o.statements, "statements", false, "load pg_stat_statements and report the engine's heaviest statements per workload")
 	fs.BoolVar(&o.rss5M, "rss-5m", false, "also backfill 5M events (before -scale) to compare peak RSS with 1M")
-	fs.BoolVar(&o.profile, "profile", false, "rerun W1 and W2 in-process with the CPU profiler; top functions go to RESULTS.md")
+	fs.BoolVar(&o.profile, "profile", false, "rerun W1 and W2 in-process with the CPU profiler; top functions go to RESULTS.md; W7's backfill runs in-process under it (raw/cpu-w7b<N>.pprof)")
 	fs.StringVar(&o.pgMode, "pg-mode", "local", "harness mode: local (this machine's binaries), docker, external, or \"\" for the harness's choice")
 	fs.Func("pg-set", "PostgreSQL setting name=value (repeatable), on top of the bench's", keyValue(o.pgSet))
 	fs.Func("engine-set", "[engine] key=value of the generated configuration (repeatable)", keyValue(o.engineSet))
@@ -157,6 +158,9 @@ func parseFlags(args []string) (options, error) {
 		return o, fmt.Errorf("-w7-repeat must be at least 1")
 	}
 	if o.w7Counts, err = positiveInts("w7-counts", *w7Counts); err != nil {
+		return o, err
+	}
+	if o.w7Backfill, err = positiveInts("w7-backfill", *w7Backfill); err != nil {
 		return o, err
 	}
 	if o.w7Live, err = positiveInts("w7-live", *w7Live); err != nil {

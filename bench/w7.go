@@ -62,6 +62,7 @@ type w7Figures struct {
 	Events   int64       `json:"events"`
 	TxEvents int64       `json:"tx_events"`
 	CatchUp  []w7CatchUp `json:"catch_up,omitempty"`
+	Backfill []w7CatchUp `json:"backfill,omitempty"` // -w7-backfill: the same events before the first start`
 	Live     []w7Live    `json:"live,omitempty"`
 	LiveRate int         `json:"live_rate"`
 	Slow     []w7Slow    `json:"slow_member,omitempty"` // -w7-slow: 8 live, none slow, then the 8th slow
@@ -331,11 +332,18 @@ func (b *bench) w7(ctx context.Context) error {
 			if o.w7Repeat > 1 {
 				say("W7: catch-up round %d of %d", round+1, o.w7Repeat)
 			}
-			c, err := b.w7CatchUp(ctx, w, hist, k)
+			c, err := b.w7CatchUp(ctx, w, hist, k, false)
 			if err != nil {
 				return fmt.Errorf("catch-up with %d projections: %w", k, err)
 			}
 			runs[k] = append(runs[k], c)
+		}
+		for _, k := range o.w7Backfill {
+			c, err := b.w7CatchUp(ctx, w, hist, k, true)
+			if err != nil {
+				return fmt.Errorf("backfill with %d projections: %w", k, err)
+			}
+			runs[-k] = append(runs[-k], c)
 		}
 	}
 	for _, k := range o.w7Counts {
@@ -344,20 +352,17 @@ func (b *bench) w7(ctx context.Context) error {
 			delete(runs, k) // a count given twice is reported once
 		}
 	}
+	for _, k := range o.w7Backfill {
+		if _, done := runs[-k]; done {
+			f.Backfill = append(f.Backfill, w7Median(runs[-k]))
+			delete(runs, -k)
+		}
+	}
 	if err := b.write(); err != nil {
 		return err
 	}
-	for _, c := range f.CatchUp {
-		if c.Projections != 1 {
-			continue
-		}
-		for i := range f.CatchUp {
-			f.CatchUp[i].SecondsVsOne = f.CatchUp[i].Seconds / c.Seconds
-			if c.PGPerEventProj > 0 && f.CatchUp[i].PGPerEventProj >= 0 {
-				f.CatchUp[i].PGVsOne = f.CatchUp[i].PGPerEventProj / c.PGPerEventProj
-			}
-		}
-	}
+	w7VsOne(f.CatchUp)
+	w7VsOne(f.Backfill)
 	// Live steps in rounds as well: one 60 s step's p99 moves by 10% and
 	// more between back-to-back runs of the same binary.
 	type liveRun struct {
@@ -432,27 +437,46 @@ func (b *bench) w7(ctx context.Context) error {
 	return nil
 }
 
-// w7CatchUp runs W7's catch-up with k projections.
-func (b *bench) w7CatchUp(ctx context.Context, w *Workload, hist history, k int) (w7CatchUp, error) {
+// w7CatchUp runs W7's catch-up with k projections: from the WAL, or with
+// backfill from the snapshot of a first start on the filled events table
+// (-w7-backfill).
+func (b *bench) w7CatchUp(ctx context.Context, w *Workload, hist history, k int, backfill bool) (w7CatchUp, error) {
 	id := fmt.Sprintf("W7c%d", k)
+	if backfill {
+		id = fmt.Sprintf("W7b%d", k)
+	}
 	targets := b.w7Targets("p", k)
 	db, cfg, err := b.setup(ctx, id, targets)
 	if err != nil {
 		return w7CatchUp{}, err
 	}
 	defer b.srv.drop(context.WithoutCancel(ctx), db)
-	say("W7: %d projection(s): first start on the empty events table …", k)
-	if err := b.firstStartEmpty(ctx, db, cfg, filepath.Join(b.opts.rawDir, strings.ToLower(id)+"-first-start.log"), targets); err != nil {
-		return w7CatchUp{}, err
+	if !backfill {
+		say("W7: %d projection(s): first start on the empty events table …", k)
+		if err := b.firstStartEmpty(ctx, db, cfg, filepath.Join(b.opts.rawDir, strings.ToLower(id)+"-first-start.log"), targets); err != nil {
+			return w7CatchUp{}, err
+		}
 	}
 	if err := b.fill(ctx, w, db, hist, b.opts.w5TxEvents); err != nil {
 		return w7CatchUp{}, err
 	}
 	n := hist.events()
 	c := w7CatchUp{Projections: k, Events: n, Load: loadAverage(), PGPerEventProj: -1}
-	say("W7: %d projection(s): engine restart and catch-up (load %s) …", k, c.Load)
+	if backfill {
+		say("W7: %d projection(s): first start and backfill (load %s) …", k, c.Load)
+	} else {
+		say("W7: %d projection(s): engine restart and catch-up (load %s) …", k, c.Load)
+	}
 	logPath := filepath.Join(b.opts.rawDir, strings.ToLower(id)+"-engine.log")
-	r, err := b.measure(ctx, db, func() (*engineProc, error) { return startBinary(b.opts.bin, cfg, logPath) }, targets, n, false)
+	start := func() (*engineProc, error) { return startBinary(b.opts.bin, cfg, logPath) }
+	if backfill && b.opts.profile {
+		// -profile: the backfill runs inside this process under the CPU
+		// profiler (this tree's engine, not -bin).
+		prof := filepath.Join(b.opts.rawDir, "cpu-"+strings.ToLower(id)+".pprof")
+		start = func() (*engineProc, error) { return startInProcess(cfg, logPath, prof) }
+		say("W7: %d projection(s): in-process under the CPU profiler, %s", k, prof)
+	}
+	r, err := b.measure(ctx, db, start, targets, n, false)
 	if err != nil {
 		return c, err
 	}
@@ -478,6 +502,21 @@ func (b *bench) w7CatchUp(ctx context.Context, w *Workload, hist history, k int)
 	say("W7: %d projection(s): caught up in %.2f s (first %.2f s), engine %.1f and PG %s µs CPU per event·projection, differing rows %v, %d poison events, dead letters differing %v",
 		k, c.Seconds, c.FirstSeconds, c.CPUPerEventProj, optFloat(c.PGPerEventProj), c.DifferingRows, c.Poison, c.DeadLetterDiff)
 	return c, nil
+}
+
+// w7VsOne sets each run's ratios to the run with one projection.
+func w7VsOne(cs []w7CatchUp) {
+	for _, c := range cs {
+		if c.Projections != 1 {
+			continue
+		}
+		for i := range cs {
+			cs[i].SecondsVsOne = cs[i].Seconds / c.Seconds
+			if c.PGPerEventProj > 0 && cs[i].PGPerEventProj >= 0 {
+				cs[i].PGVsOne = cs[i].PGPerEventProj / c.PGPerEventProj
+			}
+		}
+	}
 }
 
 // w7Median returns the run of median catch-up time (the lower middle of an
@@ -813,28 +852,8 @@ func (f *w7Figures) markdown(p func(string, ...any)) {
 		}
 		return fmt.Sprintf("%.2f×", v)
 	}
-	if len(f.CatchUp) > 0 {
-		p("WAL catch-up of %s events (transactions of %d) by N identical projections, each into its own read model. "+
-			"*catch-up s* is the engine's start until every projection's cursors account for every event (the first "+
-			"projection's in brackets); CPU is µs per event and projection: the engine's, and the whole PostgreSQL "+
-			"server's over the same run (its walsenders' decoding included); *vs one* is against N = 1. *read models "+
-			"identical*: each projection's table against one computed by SQL from the events table (per stream: count, "+
-			"last type and last reference of the events that are not poison), `EXCEPT ALL` both ways. *dead letters*: "+
-			"the appended poison events (a reference of 48 characters for the read models' `varchar(40)`, "+
-			"`-w7-poison` per 1,000 deposits and withdrawals) and whether every projection dead-lettered exactly "+
-			"those positions.", thousands(f.Events), f.TxEvents)
-		p("")
-		runsNote(p, len(f.CatchUp[0].Runs), "the figures are each N's median run, *runs* every run's catch-up time in order.")
-		p("| projections | catch-up s | vs one | engine CPU µs per event·projection | PG CPU µs per event·projection | vs one | peak RSS MB | other cores | read models identical | dead letters | load | runs s |")
-		p("|--:|--:|--:|--:|--:|--:|--:|--:|---|---|---|---|")
-		for _, c := range f.CatchUp {
-			p("| %d | %.2f (%.2f) | %s | %.1f | %s | %s | %.1f | %s | %s | %s | %s | %s |", c.Projections, c.Seconds, c.FirstSeconds,
-				vs(c.SecondsVsOne), c.CPUPerEventProj, optFloat(c.PGPerEventProj), vs(c.PGVsOne), c.PeakRSSMB,
-				optCores(c.OtherCores), w7Identical(c.DifferingRows), w7DeadLettered(c.Poison, c.DeadLetterDiff), c.Load,
-				joinFloats(c.Runs, "%.2f"))
-		}
-		p("")
-	}
+	f.catchUpTable(p, f.CatchUp, "WAL catch-up", "catch-up s")
+	f.catchUpTable(p, f.Backfill, "Backfill (the same events appended before the engine's first start: read from the snapshot)", "backfill s")
 	if len(f.Live) > 0 {
 		p("Live, W4's producer at %s events/s for one W4 step, N projections each writing a row per event (keyed by the "+
 			"event id) into its own table. Latency is commit to commit, read by PostgreSQL as in W4; *p50* and *p99* are "+
@@ -1003,4 +1022,36 @@ func truncate(s string, n int) string {
 		return s[:n] + "…"
 	}
 	return s
+}
+
+// catchUpTable is W7's table of the runs cs (catch-up or backfill).
+func (f *w7Figures) catchUpTable(p func(string, ...any), cs []w7CatchUp, what, col string) {
+	vs := func(v float64) string {
+		if v <= 0 {
+			return "—"
+		}
+		return fmt.Sprintf("%.2f×", v)
+	}
+	if len(cs) > 0 {
+		p(what+" of %s events (transactions of %d) by N identical projections, each into its own read model. "+
+			"*"+col+"* is the engine's start until every projection's cursors account for every event (the first "+
+			"projection's in brackets); CPU is µs per event and projection: the engine's, and the whole PostgreSQL "+
+			"server's over the same run (its walsenders' decoding included); *vs one* is against N = 1. *read models "+
+			"identical*: each projection's table against one computed by SQL from the events table (per stream: count, "+
+			"last type and last reference of the events that are not poison), `EXCEPT ALL` both ways. *dead letters*: "+
+			"the appended poison events (a reference of 48 characters for the read models' `varchar(40)`, "+
+			"`-w7-poison` per 1,000 deposits and withdrawals) and whether every projection dead-lettered exactly "+
+			"those positions.", thousands(f.Events), f.TxEvents)
+		p("")
+		runsNote(p, len(cs[0].Runs), "the figures are each N's median run, *runs* every run's time in order.")
+		p("| projections | " + col + " | vs one | engine CPU µs per event·projection | PG CPU µs per event·projection | vs one | peak RSS MB | other cores | read models identical | dead letters | load | runs s |")
+		p("|--:|--:|--:|--:|--:|--:|--:|--:|---|---|---|---|")
+		for _, c := range cs {
+			p("| %d | %.2f (%.2f) | %s | %.1f | %s | %s | %.1f | %s | %s | %s | %s | %s |", c.Projections, c.Seconds, c.FirstSeconds,
+				vs(c.SecondsVsOne), c.CPUPerEventProj, optFloat(c.PGPerEventProj), vs(c.PGVsOne), c.PeakRSSMB,
+				optCores(c.OtherCores), w7Identical(c.DifferingRows), w7DeadLettered(c.Poison, c.DeadLetterDiff), c.Load,
+				joinFloats(c.Runs, "%.2f"))
+		}
+		p("")
+	}
 }
