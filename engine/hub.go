@@ -57,7 +57,7 @@ type hub struct {
 	sent      event.LSN               // the stream sent every transaction below it
 	confirmed event.LSN               // the highest position the slot may be confirmed to (what streams sent, or found)
 	scan      *sharedScan             // the members' shared backfill, while it gathers or runs
-	expect    map[string]bool         // members that shared the last scan and have not joined or left: the stream waits for them
+	expect    map[string]bool         // members that shared the last scan and have not joined or failed: the stream's next start waits for them
 	demand    chan struct{}           // a member wants the stream (capacity 1)
 	stop      context.CancelCauseFunc // ends the running stream (join: errRestart)
 	ended     chan struct{}           // closed when the running stream has ended
@@ -602,6 +602,12 @@ func (h *hub) run(ctx context.Context, membersDone <-chan struct{}) {
 			defer h.mu.Unlock()
 			return len(h.attached)
 		})
+		// The scan's members are waited for at one start only: one that
+		// never came (stopped between its backfill and its join) must not
+		// delay every later start of the stream.
+		h.mu.Lock()
+		clear(h.expect)
+		h.mu.Unlock()
 		err := h.stream(ctx)
 		if ctx.Err() != nil {
 			return

@@ -621,8 +621,13 @@ func (s *session) backfill(ctx context.Context, connp **pgconn.PgConn, sink *led
 
 // sharedBackfill applies the group's scan from seat; errNotShared says
 // there is none to share (the version scans alone).
-func (s *session) sharedBackfill(ctx context.Context, seat *seat, sink *ledgerSink) error {
-	defer seat.leave()
+func (s *session) sharedBackfill(ctx context.Context, seat *seat, sink *ledgerSink) (err error) {
+	defer func() {
+		seat.leave()
+		if err != nil {
+			s.hub.unexpect(s.spec) // it will not join: the stream need not wait
+		}
+	}()
 	var st scanStart
 	select {
 	case st = <-seat.start:
@@ -635,7 +640,7 @@ func (s *session) sharedBackfill(ctx context.Context, seat *seat, sink *ledgerSi
 	gslot := s.cfg.FeedSlot(s.spec)
 	s.ledger.setSlot(gslot)
 	s.onGroup.Store(true)
-	err := s.applyScan(ctx, sink, scanned{slot: gslot, consistent: st.consistent, total: st.total, snapTime: st.snapTime,
+	err = s.applyScan(ctx, sink, scanned{slot: gslot, consistent: st.consistent, total: st.total, snapTime: st.snapTime,
 		next: seat.next, finish: seat.finish})
 	if err != nil {
 		return err

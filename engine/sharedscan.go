@@ -110,12 +110,7 @@ func (h *hub) scanning() *sharedScan {
 // leave says the member takes no more pages (its session ended, or its
 // backfill did).
 func (st *seat) leave() {
-	st.once.Do(func() {
-		close(st.gone)
-		st.hub.mu.Lock()
-		delete(st.hub.expect, st.key)
-		st.hub.mu.Unlock()
-	})
+	st.once.Do(func() { close(st.gone) })
 }
 
 // next is the member's next page, its own copy of each event (a member
@@ -308,4 +303,12 @@ func (d *decoder) decode(evs []*event.Event) {
 		}
 		_ = ev.DecodeDocuments(w[0], w[1])
 	}
+}
+
+// unexpect says a member of the last scan will not join (its backfill
+// failed): the stream does not wait for it.
+func (h *hub) unexpect(spec rules.Spec) {
+	h.mu.Lock()
+	delete(h.expect, memberKey(spec))
+	h.mu.Unlock()
 }
