@@ -474,6 +474,7 @@ FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_p
 // while a walsender still holds it.
 func (e *faultEnv) dropSlot(t *testing.T, slot string) {
 	t.Helper()
+	tried := false // a drop statement failed: the slot may be gone all the same
 	waitUntil(t, 30*time.Second, "slot "+slot+" to be dropped", func(ctx context.Context) (bool, error) {
 		if _, err := e.pool.Exec(ctx, `SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots
 WHERE slot_name = $1 AND active_pid IS NOT NULL`, slot); err != nil {
@@ -483,8 +484,15 @@ WHERE slot_name = $1 AND active_pid IS NOT NULL`, slot); err != nil {
 		err := e.pool.QueryRow(ctx, `SELECT count(pg_drop_replication_slot(slot_name)) = 1, count(*) > 0
 FROM pg_replication_slots WHERE slot_name = $1`, slot).Scan(&dropped, &exists)
 		if err == nil && !exists {
+			if tried {
+				return true, nil
+			}
 			t.Fatalf("slot %s does not exist", slot)
 		}
+		// A drop can succeed and still fail the statement: while it holds
+		// the slot, its backend is the slot's active_pid, and an engine
+		// starting its stream terminates the slot's holder (57P01).
+		tried = tried || err != nil
 		return err == nil && dropped, nil
 	})
 }
