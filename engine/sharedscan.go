@@ -71,7 +71,7 @@ func (h *hub) shareScan(spec rules.Spec, prog *rules.Program) *seat {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if h.scan == nil {
-		if h.streaming || len(h.attached) > 0 {
+		if h.streaming || h.opening || len(h.attached) > 0 {
 			return nil
 		}
 		h.scan = &sharedScan{seats: map[string]*seat{}, done: make(chan struct{})}
