@@ -191,6 +191,10 @@ func (p *Projection) activeSession(ctx context.Context, lease *leader.Lease, ctl
 			// under the same lock catches up on a copy of the group's
 			// slot and joins again.
 			p.log.Info("catching up on a slot of its own after a detach from the group's stream")
+		case errors.Is(err, errSlowSeat):
+			// The group's scan went on without it: a new session under
+			// the same lock backfills on a slot of its own and joins.
+			p.log.Info("backfilling on a slot of its own after a drop from the group's scan")
 		case !errors.Is(err, errPaused):
 			return err
 		}

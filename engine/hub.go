@@ -149,11 +149,9 @@ type member struct {
 	err  error // why the hub detached it (set before done closes)
 	fed  chan error
 
-	// slowFrom starts the member's current window of slow_member_timeout;
-	// slowFor is how long in it the stream waited for the member while it
+	// slow measures how long the stream waited for the member while it
 	// held the others back (deliver). The stream's goroutine only.
-	slowFrom time.Time
-	slowFor  time.Duration
+	slow slowWindow
 
 	ownSlot  string     // the member's own slot, "" when its watermark is on the group's
 	accepted bool       // the stream serves it (under hub.mu)
@@ -194,34 +192,14 @@ func (h *hub) deliver(ctx context.Context, m *member, msg hubMsg) error {
 		return nil
 	default:
 	}
-	var tick <-chan time.Time // none without a slow_member_timeout
-	if h.cfg.slowAfter > 0 {
-		t := time.NewTicker(min(h.cfg.slowAfter/10, 100*time.Millisecond))
-		defer t.Stop()
-		tick = t.C
-	}
-	last := time.Now()
-	if tick != nil && (m.slowFrom.IsZero() || last.Sub(m.slowFrom) > 2*h.cfg.slowAfter) {
-		m.slowFrom, m.slowFor = last, 0 // a new window: none yet, or the last one is stale
-	}
-	// account adds the wait since last to the window when m held the
-	// others back and says whether m is to be detached: as soon as the
-	// window holds its share, not when the window ends (waiting for the
-	// end let the others wait 5 s in W7); a window slowAfter long that
-	// did not reach it starts a new one.
+	tick, stop := m.slow.begin(h.cfg.slowAfter)
+	defer stop()
+	// account says whether m is to be detached: as soon as the window
+	// holds its share, not when the window ends (waiting for the end let
+	// the others wait 5 s in W7).
 	account := func() bool {
 		now := time.Now()
-		if h.live(msg, now) && h.holdsOthers(m) {
-			m.slowFor += now.Sub(last)
-		}
-		last = now
-		if m.slowFor >= h.cfg.slowAfter/slowShare {
-			return true
-		}
-		if now.Sub(m.slowFrom) >= h.cfg.slowAfter {
-			m.slowFrom, m.slowFor = now, 0
-		}
-		return false
+		return m.slow.add(now, h.live(msg, now) && h.holdsOthers(m), h.cfg.slowAfter, h.cfg.slowAfter/slowShare)
 	}
 	for {
 		select {
@@ -280,6 +258,49 @@ func (h *hub) holdsOthers(m *member) bool {
 // window detached at the window's end let the others' p99 reach 1.8 s, a
 // tenth detached at once 21.9 ms (two waits of 300 ms).
 const slowShare = 50
+
+// slowWindow measures, over windows of slow_member_timeout, how long the
+// group's stream (or its scan) waited for a member while the member held
+// the others back.
+type slowWindow struct {
+	from time.Time     // the current window's start
+	held time.Duration // how long in it the member held the others back
+	last time.Time     // the end of the wait accounted last
+}
+
+// begin starts a wait for the member: a new window if there is none yet
+// or the last one is stale. It returns the ticker's channel on which
+// the waiter accounts (nil without a window: slow_member_timeout 0) and
+// what stops the ticker.
+func (w *slowWindow) begin(window time.Duration) (<-chan time.Time, func()) {
+	if window <= 0 {
+		return nil, func() {}
+	}
+	now := time.Now()
+	w.last = now
+	if w.from.IsZero() || now.Sub(w.from) > 2*window {
+		w.from, w.held = now, 0
+	}
+	t := time.NewTicker(min(window/10, 100*time.Millisecond))
+	return t.C, t.Stop
+}
+
+// add accounts the wait since the last call, as held when holding, and
+// says whether the window holds limit; a window that passed without
+// reaching it starts a new one.
+func (w *slowWindow) add(now time.Time, holding bool, window, limit time.Duration) bool {
+	if holding {
+		w.held += now.Sub(w.last)
+	}
+	w.last = now
+	if w.held >= limit {
+		return true
+	}
+	if now.Sub(w.from) >= window {
+		w.from, w.held = now, 0
+	}
+	return false
+}
 
 // slowMark is a member detached for holding the others back: how often,
 // and until when it may not join again.

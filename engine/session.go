@@ -254,6 +254,10 @@ func (s *session) plan(ctx context.Context) (event.LSN, error) {
 		s.log.Warn("resyncing from a new snapshot as for a lost slot, per-stream cursors skip what was applied: "+resync, "slot", s.slot)
 	case !s.rebuild:
 		s.log.Info("resuming from slot", "slot", s.slot, "confirmed_lsn", slot.Confirmed.String())
+	case hasCursors && haveWM && wm.Phase == "backfilling" && wm.SlotName != s.slot:
+		// Recorded on the group's slot by its scan, which ended
+		// without this version (dropped from it, or interrupted).
+		s.log.Info("backfilling again from a new snapshot: the group's scan did not finish this version's backfill; per-stream cursors skip what was applied", "slot", s.slot, "scan_slot", wm.SlotName)
 	case hasCursors && slot.Lost():
 		s.log.Warn("slot was invalidated (WAL lost): resyncing from a new snapshot, per-stream cursors skip what was applied", "slot", s.slot)
 	case hasCursors && !slot.Exists:

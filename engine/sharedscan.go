@@ -53,7 +53,19 @@ type seat struct {
 	prog  *rules.Program // the member's rules: what it reads of the documents
 	once  sync.Once
 	hub   *hub
+
+	// dropped is closed when the scan drops the member for holding the
+	// others back (handTo), which slow measures as the stream's deliver
+	// does (the scan's goroutine only).
+	dropped chan struct{}
+	slow    slowWindow
 }
+
+// errSlowSeat ends the backfill of a member the group's scan dropped for
+// holding the others back: its session starts again at once
+// (activeSession, as after errSlowMember) and backfills on a slot of its
+// own, its per-stream cursors skipping what it applied from the scan.
+var errSlowSeat = errors.New("dropped from the group's scan: it held the others back for half of slow_member_timeout")
 
 // scanStart is what a member needs of the scan to record its backfill.
 type scanStart struct {
@@ -84,7 +96,8 @@ func (h *hub) shareScan(spec rules.Spec, prog *rules.Program) *seat {
 	if h.scan.started {
 		return nil
 	}
-	st := &seat{key: memberKey(spec), prog: prog, start: make(chan scanStart, 1), pages: make(chan page, 1), gone: make(chan struct{}), hub: h}
+	st := &seat{key: memberKey(spec), prog: prog, start: make(chan scanStart, 1), pages: make(chan page, 1), gone: make(chan struct{}),
+		dropped: make(chan struct{}), hub: h}
 	if old := h.scan.seats[st.key]; old != nil {
 		old.leave()
 	}
@@ -119,6 +132,8 @@ func (st *seat) next(ctx context.Context) ([]*event.Event, bool, error) {
 	var pg page
 	select {
 	case pg = <-st.pages:
+	case <-st.dropped:
+		return nil, false, errSlowSeat
 	case <-ctx.Done():
 		return nil, false, ctx.Err()
 	}
@@ -241,17 +256,90 @@ func (h *hub) scanFor(ctx context.Context, seats []*seat) error {
 }
 
 // handOut gives pg to every seat whose member still takes pages, waiting
-// for each.
+// for each (handTo).
 func (h *hub) handOut(ctx context.Context, seats []*seat, pg page) error {
 	for _, st := range seats {
-		select {
-		case st.pages <- pg:
-		case <-st.gone:
-		case <-ctx.Done():
-			return ctx.Err()
+		if err := h.handTo(ctx, seats, st, pg); err != nil {
+			return err
 		}
 	}
 	return nil
+}
+
+// handTo gives pg to st once st took the page before it. While the scan
+// waits for st and another member has taken every page (it waits for the
+// scan), st holds that member back. One that did so for half of a window
+// of slow_member_timeout is dropped from the scan (errSlowSeat) and pg is
+// not given to it: the others go on at their pace, it backfills again on
+// a slot of its own. Half, not the stream's fiftieth (deliver): in a scan
+// every member is behind, each page waits for the slowest, and members
+// of one speed take turns at being last (W7's 8 members hold each other
+// a few percent of the time); one twice as slow as the others holds them
+// half the time. An error is ctx's.
+func (h *hub) handTo(ctx context.Context, seats []*seat, st *seat, pg page) error {
+	select {
+	case st.pages <- pg:
+		return nil
+	case <-st.gone:
+		return nil
+	default:
+	}
+	tick, stop := st.slow.begin(h.cfg.slowAfter)
+	defer stop()
+	account := func() bool {
+		return st.slow.add(time.Now(), othersWait(seats, st), h.cfg.slowAfter, h.cfg.slowAfter/2)
+	}
+	for {
+		select {
+		case st.pages <- pg:
+			if tick != nil {
+				account()
+			}
+			return nil
+		case <-st.gone:
+			return nil
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-tick:
+			if account() {
+				h.dropSeat(st)
+				return nil
+			}
+		}
+	}
+}
+
+// othersWait says whether a member of the scan other than st has taken
+// every page handed to it: it waits for the scan, which waits for st.
+func othersWait(seats []*seat, st *seat) bool {
+	for _, o := range seats {
+		if o == st {
+			continue
+		}
+		select {
+		case <-o.gone:
+			continue
+		default:
+		}
+		if len(o.pages) == 0 {
+			return true
+		}
+	}
+	return false
+}
+
+// dropSeat drops a member that held the others back from the scan
+// (handTo): it takes no more pages, and the stream does not wait for it.
+func (h *hub) dropSeat(st *seat) {
+	select {
+	case <-st.dropped:
+		return
+	default:
+	}
+	h.log.Warn("a member held the group's scan back: dropped from it so that it does not hold the others; it backfills on a slot of its own, its cursors skipping what it applied",
+		"member", st.key, "slow_member_timeout", h.cfg.slowAfter.String())
+	close(st.dropped) // the scan's goroutine only
+	st.leave()
 }
 
 // slotFree says errNotShared when a version that does not share the scan

@@ -1,6 +1,7 @@
 package engine
 
 import (
+	"context"
 	"errors"
 	"testing"
 	"time"
@@ -68,5 +69,97 @@ func TestSharedScanDecodesForEveryMember(t *testing.T) {
 	}
 	if bad.Data != nil {
 		t.Error("a document that does not decode has data: each member must fail on it as alone")
+	}
+}
+
+// A member that stops taking the scan's pages while another waits for
+// them is dropped from the scan within half a window of
+// slow_member_timeout: the scan goes on for the others, and the dropped
+// member's next page is errSlowSeat (its session backfills alone). A
+// member as fast as the scan is not dropped, and neither is a slow one
+// that holds nobody back (every other member is slower still).
+func TestSharedScanDropsASlowMember(t *testing.T) {
+	h := testHub(2)
+	h.cfg.slowAfter = 400 * time.Millisecond
+	newSeat := func(key string) *seat {
+		return &seat{key: key, pages: make(chan page, 1), gone: make(chan struct{}), dropped: make(chan struct{}), start: make(chan scanStart, 1)}
+	}
+	fast, stuck := newSeat("fast"), newSeat("stuck")
+	seats := []*seat{fast, stuck}
+	taken := make(chan int, 100)
+	go func() { // fast takes every page at once
+		for n := 0; ; n++ {
+			if _, more, err := fast.next(context.Background()); err != nil || !more {
+				return
+			}
+			taken <- n
+		}
+	}()
+	pg := page{evs: []*event.Event{{Type: "A"}}}
+	began := time.Now()
+	handed := make(chan error, 1)
+	go func() {
+		for i := 0; i < 5; i++ { // stuck takes none: the second page waits for it
+			if err := h.handOut(context.Background(), seats, pg); err != nil {
+				handed <- err
+				return
+			}
+		}
+		handed <- nil
+	}()
+	select {
+	case err := <-handed:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the scan still waits for the member that takes no page")
+	}
+	if el := time.Since(began); el < h.cfg.slowAfter/2 || el > 5*time.Second {
+		t.Errorf("five pages handed out in %s: the stuck member must hold the scan for half of slow_member_timeout (%s), then be dropped", el, h.cfg.slowAfter/2)
+	}
+	select {
+	case <-stuck.dropped:
+	default:
+		t.Fatal("the stuck member was not dropped")
+	}
+	for i := 0; i < 5; i++ {
+		select {
+		case <-taken:
+		case <-time.After(5 * time.Second):
+			t.Fatalf("the fast member took %d of 5 pages", i)
+		}
+	}
+	<-stuck.pages // the page it had been handed before it stopped
+	if _, _, err := stuck.next(context.Background()); !errors.Is(err, errSlowSeat) {
+		t.Errorf("the dropped member's next page: %v, want errSlowSeat", err)
+	}
+	select {
+	case <-fast.dropped:
+		t.Error("the fast member was dropped")
+	default:
+	}
+
+	// Both slow alike: neither waits for the scan while it waits for the
+	// other, so nobody holds anybody back.
+	a, b := newSeat("a"), newSeat("b")
+	for i := 0; i < 3; i++ {
+		done := make(chan error, 1)
+		go func() { done <- h.handOut(context.Background(), []*seat{a, b}, pg) }()
+		if i > 0 {
+			time.Sleep(h.cfg.slowAfter) // the slow members take a page per window
+			<-a.pages
+			<-b.pages
+		}
+		if err := <-done; err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, st := range []*seat{a, b} {
+		select {
+		case <-st.dropped:
+			t.Errorf("member %s dropped, though nobody waited for it", st.key)
+		default:
+		}
 	}
 }
