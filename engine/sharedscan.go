@@ -65,7 +65,7 @@ type seat struct {
 // holding the others back: its session starts again at once
 // (activeSession, as after errSlowMember) and backfills on a slot of its
 // own, its per-stream cursors skipping what it applied from the scan.
-var errSlowSeat = errors.New("dropped from the group's scan: it held the others back for half of slow_member_timeout")
+var errSlowSeat = errors.New("dropped from the group's scan: it held the others back for three quarters of slow_member_timeout")
 
 // scanStart is what a member needs of the scan to record its backfill.
 type scanStart struct {
@@ -268,14 +268,17 @@ func (h *hub) handOut(ctx context.Context, seats []*seat, pg page) error {
 
 // handTo gives pg to st once st took the page before it. While the scan
 // waits for st and another member has taken every page (it waits for the
-// scan), st holds that member back. One that did so for half of a window
-// of slow_member_timeout is dropped from the scan (errSlowSeat) and pg is
-// not given to it: the others go on at their pace, it backfills again on
-// a slot of its own. Half, not the stream's fiftieth (deliver): in a scan
-// every member is behind, each page waits for the slowest, and members
-// of one speed take turns at being last (W7's 8 members hold each other
-// a few percent of the time); one twice as slow as the others holds them
-// half the time. An error is ctx's.
+// scan), st holds that member back. One that did so for three quarters
+// of a window of slow_member_timeout is dropped from the scan
+// (errSlowSeat) and pg is not given to it: the others go on at their
+// pace, it backfills again on a slot of its own. Three quarters, not the
+// stream's fiftieth (deliver): in a scan every member is behind, each
+// page waits for the slowest, and members of one speed take turns at
+// being last; on a loaded machine (load 4–5 on 2 cores) one of W7's 8
+// identical members held the others for half a window and was dropped.
+// One four times as slow as the others holds them three quarters of the
+// time, one that cannot write at all (a lock wait) all of it. An error
+// is ctx's.
 func (h *hub) handTo(ctx context.Context, seats []*seat, st *seat, pg page) error {
 	select {
 	case st.pages <- pg:
@@ -287,7 +290,7 @@ func (h *hub) handTo(ctx context.Context, seats []*seat, st *seat, pg page) erro
 	tick, stop := st.slow.begin(h.cfg.slowAfter)
 	defer stop()
 	account := func() bool {
-		return st.slow.add(time.Now(), othersWait(seats, st), h.cfg.slowAfter, h.cfg.slowAfter/2)
+		return st.slow.add(time.Now(), othersWait(seats, st), h.cfg.slowAfter, h.cfg.slowAfter*3/4)
 	}
 	for {
 		select {

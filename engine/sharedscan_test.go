@@ -73,7 +73,7 @@ func TestSharedScanDecodesForEveryMember(t *testing.T) {
 }
 
 // A member that stops taking the scan's pages while another waits for
-// them is dropped from the scan within half a window of
+// them is dropped from the scan within three quarters of a window of
 // slow_member_timeout: the scan goes on for the others, and the dropped
 // member's next page is errSlowSeat (its session backfills alone). A
 // member as fast as the scan is not dropped, and neither is a slow one
@@ -115,8 +115,8 @@ func TestSharedScanDropsASlowMember(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("the scan still waits for the member that takes no page")
 	}
-	if el := time.Since(began); el < h.cfg.slowAfter/2 || el > 5*time.Second {
-		t.Errorf("five pages handed out in %s: the stuck member must hold the scan for half of slow_member_timeout (%s), then be dropped", el, h.cfg.slowAfter/2)
+	if el := time.Since(began); el < h.cfg.slowAfter*3/4 || el > 5*time.Second {
+		t.Errorf("five pages handed out in %s: the stuck member must hold the scan for 3/4 of slow_member_timeout (%s), then be dropped", el, h.cfg.slowAfter*3/4)
 	}
 	select {
 	case <-stuck.dropped:
