@@ -85,7 +85,7 @@ type Engine struct {
 	// group's stream waited for its full queue while another's ran low)
 	// for a fiftieth of a window this long is detached from the group's
 	// stream (it catches up on a copy of the group's slot and joins again);
-	// one the group's backfill scan waited for for 3/4 of a window is
+	// one the group's backfill scan waited for on one page this long is
 	// dropped from the scan (it backfills on a slot of its own). Default 5s.
 	SlowMemberTimeout time.Duration
 	// BufferMB bounds, per projection version, the bytes of the events it

@@ -55,17 +55,15 @@ type seat struct {
 	hub   *hub
 
 	// dropped is closed when the scan drops the member for holding the
-	// others back (handTo), which slow measures as the stream's deliver
-	// does (the scan's goroutine only).
+	// others back (handTo).
 	dropped chan struct{}
-	slow    slowWindow
 }
 
 // errSlowSeat ends the backfill of a member the group's scan dropped for
 // holding the others back: its session starts again at once
 // (activeSession, as after errSlowMember) and backfills on a slot of its
 // own, its per-stream cursors skipping what it applied from the scan.
-var errSlowSeat = errors.New("dropped from the group's scan: it held the others back for three quarters of slow_member_timeout")
+var errSlowSeat = errors.New("dropped from the group's scan: it held the others back on one page for slow_member_timeout")
 
 // scanStart is what a member needs of the scan to record its backfill.
 type scanStart struct {
@@ -268,17 +266,16 @@ func (h *hub) handOut(ctx context.Context, seats []*seat, pg page) error {
 
 // handTo gives pg to st once st took the page before it. While the scan
 // waits for st and another member has taken every page (it waits for the
-// scan), st holds that member back. One that did so for three quarters
-// of a window of slow_member_timeout is dropped from the scan
-// (errSlowSeat) and pg is not given to it: the others go on at their
-// pace, it backfills again on a slot of its own. Three quarters, not the
-// stream's fiftieth (deliver): in a scan every member is behind, each
-// page waits for the slowest, and members of one speed take turns at
-// being last; on a loaded machine (load 4–5 on 2 cores) one of W7's 8
-// identical members held the others for half a window and was dropped.
-// One four times as slow as the others holds them three quarters of the
-// time, one that cannot write at all (a lock wait) all of it. An error
-// is ctx's.
+// scan), st holds that member back. One that held it back on this one
+// page for a whole slow_member_timeout is stuck (a lock wait, a member
+// that cannot write) and is dropped from the scan (errSlowSeat): pg is
+// not given to it, the others go on, and it backfills again on a slot of
+// its own. A member that is merely slower is not dropped, unlike the
+// stream's (deliver): in a backfill every member is behind, and a second
+// scan competes with the first for the same cores — W10's account
+// projection, dropped for holding the counts projection back three
+// quarters of a window, took 53 s where the pair scanning together takes
+// less (bench/RESULTS.md). An error is ctx's.
 func (h *hub) handTo(ctx context.Context, seats []*seat, st *seat, pg page) error {
 	select {
 	case st.pages <- pg:
@@ -287,24 +284,28 @@ func (h *hub) handTo(ctx context.Context, seats []*seat, st *seat, pg page) erro
 		return nil
 	default:
 	}
-	tick, stop := st.slow.begin(h.cfg.slowAfter)
-	defer stop()
-	account := func() bool {
-		return st.slow.add(time.Now(), othersWait(seats, st), h.cfg.slowAfter, h.cfg.slowAfter*3/4)
+	var tick <-chan time.Time // none without a slow_member_timeout
+	if h.cfg.slowAfter > 0 {
+		t := time.NewTicker(min(h.cfg.slowAfter/10, 100*time.Millisecond))
+		defer t.Stop()
+		tick = t.C
 	}
+	var held time.Duration
+	last := time.Now()
 	for {
 		select {
 		case st.pages <- pg:
-			if tick != nil {
-				account()
-			}
 			return nil
 		case <-st.gone:
 			return nil
 		case <-ctx.Done():
 			return ctx.Err()
-		case <-tick:
-			if account() {
+		case now := <-tick:
+			if othersWait(seats, st) {
+				held += now.Sub(last)
+			}
+			last = now
+			if held >= h.cfg.slowAfter {
 				h.dropSeat(st)
 				return nil
 			}

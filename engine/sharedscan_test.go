@@ -73,11 +73,11 @@ func TestSharedScanDecodesForEveryMember(t *testing.T) {
 }
 
 // A member that stops taking the scan's pages while another waits for
-// them is dropped from the scan within three quarters of a window of
+// them is dropped from the scan once it held that one on a page for
 // slow_member_timeout: the scan goes on for the others, and the dropped
 // member's next page is errSlowSeat (its session backfills alone). A
-// member as fast as the scan is not dropped, and neither is a slow one
-// that holds nobody back (every other member is slower still).
+// member that is merely slower than the others, taking a page now and
+// then, is not dropped, and neither is one that holds nobody back.
 func TestSharedScanDropsASlowMember(t *testing.T) {
 	h := testHub(2)
 	h.cfg.slowAfter = 400 * time.Millisecond
@@ -115,8 +115,8 @@ func TestSharedScanDropsASlowMember(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("the scan still waits for the member that takes no page")
 	}
-	if el := time.Since(began); el < h.cfg.slowAfter*3/4 || el > 5*time.Second {
-		t.Errorf("five pages handed out in %s: the stuck member must hold the scan for 3/4 of slow_member_timeout (%s), then be dropped", el, h.cfg.slowAfter*3/4)
+	if el := time.Since(began); el < h.cfg.slowAfter || el > 5*time.Second {
+		t.Errorf("five pages handed out in %s: the stuck member must hold the scan on one page for slow_member_timeout (%s), then be dropped", el, h.cfg.slowAfter)
 	}
 	select {
 	case <-stuck.dropped:
@@ -155,10 +155,38 @@ func TestSharedScanDropsASlowMember(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	for _, st := range []*seat{a, b} {
+	// One slower than the other, which waits for it: it takes a page
+	// every half timeout, and holds the other back most of the time, but
+	// never on one page for a whole timeout.
+	quick, slower := newSeat("quick"), newSeat("slower")
+	go func() {
+		for {
+			if _, more, err := quick.next(context.Background()); err != nil || !more {
+				return
+			}
+		}
+	}()
+	done := make(chan error, 1)
+	go func() {
+		for i := 0; i < 6; i++ {
+			if err := h.handOut(context.Background(), []*seat{quick, slower}, pg); err != nil {
+				done <- err
+				return
+			}
+		}
+		done <- h.handOut(context.Background(), []*seat{quick, slower}, page{})
+	}()
+	for i := 0; i < 7; i++ {
+		time.Sleep(h.cfg.slowAfter / 2) // its work on a page
+		<-slower.pages
+	}
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	for _, st := range []*seat{a, b, quick, slower} {
 		select {
 		case <-st.dropped:
-			t.Errorf("member %s dropped, though nobody waited for it", st.key)
+			t.Errorf("member %s dropped, though it held nobody back on one page for slow_member_timeout", st.key)
 		default:
 		}
 	}

@@ -8,8 +8,8 @@ import (
 // TestGroupScanDropsSlowMember: the two members of a group backfill 2,400
 // events through the group's one scan; one of them cannot write (its read
 // model is locked by another session). The scan must not wait for it: it
-// drops that member within 3/4 of slow_member_timeout (1 s here) of
-// holding the other back, the other backfills every event, goes live and
+// drops that member once it held the other back on one page for
+// slow_member_timeout (1 s here), the other backfills every event, goes live and
 // joins the group's stream while the lock is still held; once the lock
 // is gone the dropped member backfills on a slot of its own, its cursors
 // skipping what it applied from the scan, and joins too. Both are exact,
