@@ -60,7 +60,7 @@ type options struct {
 	baseline                     string
 }
 
-var allWorkloads = []string{"W1", "W2", "W3", "W4", "W5", "W6", "W7", "W4P", "W8", "W9"}
+var allWorkloads = []string{"W1", "W2", "W3", "W4", "W5", "W6", "W7", "W4P", "W8", "W9", "W10"}
 
 // defaultWorkloads run without -workloads: W8 (verify at 1M and 5M events,
 // about a quarter of an hour more) and W9 (gigabytes of big events) only
@@ -292,6 +292,7 @@ func run(ctx context.Context, o options) error {
 		{"W4P", b.livePoison},
 		{"W8", b.w8},
 		{"W9", b.w9},
+		{"W10", b.w10},
 	}
 	for _, s := range steps {
 		if !o.has(s.id) {

@@ -53,21 +53,103 @@ const w6Bad = `(type IN ('Deposited', 'Withdrawn') AND (data->'amount' IS NULL O
 // w6Models are W6's tables with their SQL ceilings: the same read model
 // from the events that are not poison, one statement per table.
 var w6Models = []model{
-	{projection: "w6", table: "w6_open", ceiling: `
+	openModel("w6", "w6_open"),
+	lastRefBalancesModel("w6", "w6_balances", w6Bad),
+	{projection: "w6", table: "w6_type_counts", ceiling: `
+INSERT INTO %[1]s (type, n)
+SELECT type, count(*) FROM events WHERE NOT ` + w6Bad + ` GROUP BY 1`},
+}
+
+// openModel is the membership table of an account projection (W6, W10):
+// the accounts opened and not closed.
+func openModel(projection, table string) model {
+	return model{projection: projection, table: table, ceiling: `
 INSERT INTO %[1]s (account_id)
 SELECT data->>'account_id' FROM events o
 WHERE type = 'AccountOpened'
-  AND NOT EXISTS (SELECT 1 FROM events c WHERE c.stream_id = o.stream_id AND c.type = 'AccountClosed')`},
-	{projection: "w6", table: "w6_balances", ceiling: `
+  AND NOT EXISTS (SELECT 1 FROM events c WHERE c.stream_id = o.stream_id AND c.type = 'AccountClosed')`}
+}
+
+// lastRefBalancesModel is the balances table of an account projection
+// (W6, W10) with the reference of its last deposit or withdrawal, from the
+// events that are not bad.
+func lastRefBalancesModel(projection, table, bad string) model {
+	return model{projection: projection, table: table, ceiling: `
 INSERT INTO %[1]s (account_id, owner, balance, closed, last_ref)
 SELECT ` + balanceColumns + `,
   (array_agg(data->>'reference' ORDER BY position DESC) FILTER (WHERE type IN ('Deposited', 'Withdrawn')))[1]
 FROM events
-WHERE NOT ` + w6Bad + `
-GROUP BY 1`},
-	{projection: "w6", table: "w6_type_counts", ceiling: `
-INSERT INTO %[1]s (type, n)
-SELECT type, count(*) FROM events WHERE NOT ` + w6Bad + ` GROUP BY 1`},
+WHERE NOT ` + bad + `
+GROUP BY 1`}
+}
+
+// poisonRun runs poisonSQL on db (when set), then the engine's backfill
+// of targets (cfg) until every target accounted for n events, and adds
+// its rows to w, the last one with what the engine log says of poison
+// and the dead letters against the events that bad selects.
+func (b *bench) poisonRun(ctx context.Context, w *Workload, db *database, id, label, cfg string, targets []target, n int64, poisonSQL, bad string) (engineRun, error) {
+	if poisonSQL != "" {
+		if _, err := db.pool.Exec(ctx, poisonSQL); err != nil {
+			return engineRun{}, fmt.Errorf("poison the history: %w", err)
+		}
+		if err := db.settle(ctx); err != nil {
+			return engineRun{}, err
+		}
+	}
+	var want int64
+	if err := db.pool.QueryRow(ctx, `SELECT count(*) FROM events WHERE `+bad).Scan(&want); err != nil {
+		return engineRun{}, err
+	}
+	w.Load = loadAverage()
+	say("%s: engine backfill, %d poison events (load %s) …", id, want, w.Load)
+	logPath := filepath.Join(b.opts.rawDir, strings.ToLower(id)+"-engine.log")
+	r, err := b.measure(ctx, db, func() (*engineProc, error) { return startBinary(b.opts.bin, cfg, logPath) }, targets, n, true)
+	if err != nil {
+		return engineRun{}, err
+	}
+	rows := r.rows(label)
+	counts, err := countLog(logPath)
+	if err != nil {
+		return engineRun{}, err
+	}
+	last := &rows[len(rows)-1]
+	last.Poison = &counts
+	if err := db.pool.QueryRow(ctx, `SELECT count(*) FROM pgscribe.dead_letters`).Scan(&last.Poison.DeadLettered); err != nil {
+		return engineRun{}, err
+	}
+	last.Poison.Expected = want
+	w.Rows = append(w.Rows, rows...)
+	say("%s: engine %s; %+v", id, last.summary(), counts)
+	return r, nil
+}
+
+// ceilingOf measures the SQL ceiling of every model whose projection
+// keep says to, summed, and checks each engine table against its
+// ceiling's (w.Checks).
+func (b *bench) ceilingOf(ctx context.Context, w *Workload, db *database, id string, models []model, n int64, keep func(model) bool) (refFigures, error) {
+	if _, err := db.pool.Exec(ctx, "CHECKPOINT"); err != nil {
+		return refFigures{}, err
+	}
+	var c refFigures
+	for _, m := range models {
+		if !keep(m) {
+			continue
+		}
+		f, err := b.sqlCeiling(ctx, db, m, n)
+		if err != nil {
+			return refFigures{}, err
+		}
+		c.events, c.elapsed, c.pgCPU, c.pgOK = f.events, c.elapsed+f.elapsed, c.pgCPU+f.pgCPU, f.pgOK
+		diff, err := sameAsCeiling(ctx, db, m)
+		if err != nil {
+			return refFigures{}, err
+		}
+		w.Checks = append(w.Checks, Check{Projection: id + " " + m.table, DifferingRows: diff})
+		if diff != 0 {
+			say("%s: WARNING: %s differs from the SQL ceiling's read model in %d rows", id, m.table, diff)
+		}
+	}
+	return c, nil
 }
 
 // w6 runs W6 on a clean history and then on a poisoned one, each in a
@@ -99,67 +181,29 @@ func (b *bench) w6Run(ctx context.Context, w *Workload, hist history, poison boo
 	}
 	defer b.srv.drop(context.WithoutCancel(ctx), db)
 	n := hist.events()
-	var bad int64
+	poisonSQL := ""
 	if poison {
-		if _, err := db.pool.Exec(ctx, w6Poison); err != nil {
-			return fmt.Errorf("poison the history: %w", err)
-		}
-		if err := db.settle(ctx); err != nil {
-			return err
-		}
+		poisonSQL = w6Poison
 	}
-	if err := db.pool.QueryRow(ctx, `SELECT count(*) FROM events WHERE `+w6Bad).Scan(&bad); err != nil {
-		return err
-	}
-	w.Load = loadAverage()
-	say("%s: engine backfill, %d poison events (load %s) …", id, bad, w.Load)
-	logPath := filepath.Join(b.opts.rawDir, strings.ToLower(id)+"-engine.log")
-	r, err := b.measure(ctx, db, func() (*engineProc, error) { return startBinary(b.opts.bin, cfg, logPath) }, targets, n, true)
+	r, err := b.poisonRun(ctx, w, db, id, label, cfg, targets, n, poisonSQL, w6Bad)
 	if err != nil {
 		return err
 	}
-	rows := r.rows(label)
 	if !poison {
 		w.Statements = r.statements
 	}
-	counts, err := countLog(logPath)
-	if err != nil {
-		return err
-	}
-	rows[0].Poison = &counts
-	if err := db.pool.QueryRow(ctx, `SELECT count(*) FROM pgscribe.dead_letters`).Scan(&rows[0].Poison.DeadLettered); err != nil {
-		return err
-	}
-	rows[0].Poison.Expected = bad
-	w.Rows = append(w.Rows, rows...)
-	say("%s: engine %s; %+v", id, rows[0].summary(), counts)
 	if !b.opts.refs {
 		return nil
 	}
-	if _, err := db.pool.Exec(ctx, "CHECKPOINT"); err != nil {
+	c, err := b.ceilingOf(ctx, w, db, id, w6Models, n, func(model) bool { return true })
+	if err != nil {
 		return err
-	}
-	var c refFigures
-	for _, m := range w6Models {
-		f, err := b.sqlCeiling(ctx, db, m, n)
-		if err != nil {
-			return err
-		}
-		c.events, c.elapsed, c.pgCPU, c.pgOK = f.events, c.elapsed+f.elapsed, c.pgCPU+f.pgCPU, f.pgOK
-		diff, err := sameAsCeiling(ctx, db, m)
-		if err != nil {
-			return err
-		}
-		w.Checks = append(w.Checks, Check{Projection: id + " " + m.table, DifferingRows: diff})
-		if diff != 0 {
-			say("%s: WARNING: %s differs from the SQL ceiling's read model in %d rows", id, m.table, diff)
-		}
 	}
 	ceiling := "SQL ceiling, clean"
 	if poison {
 		ceiling = "SQL ceiling, with poison"
 	}
-	w.Rows = append(w.Rows, refRow("sql", ceiling, "w6", c, rows[0].Rate))
+	w.Rows = append(w.Rows, refRow("sql", ceiling, "w6", c, float64(n)/r.reached["w6"].Seconds()))
 	return nil
 }
 

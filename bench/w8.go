@@ -45,6 +45,10 @@ CREATE TABLE IF NOT EXISTS acct_summary (
   account_id text   PRIMARY KEY,
   last_type  text   NOT NULL,
   events     bigint NOT NULL
+);
+CREATE TABLE IF NOT EXISTS acct_type_counts (
+  type text   PRIMARY KEY,
+  n    bigint NOT NULL
 );`
 
 // w8Streams is the number of accounts of W8's histories (the issue's).
