@@ -31,8 +31,8 @@ import (
 //     columns exist, of types pgscribe reads (replication.ReadableType);
 //     the publication exists, publishes inserts, covers the whole table (no
 //     row filter or column list) through the partition root, and nothing
-//     else; max_replication_slots leaves room for the slots not created
-//     yet.
+//     else; max_replication_slots and max_wal_senders leave room for
+//     the slot and the stream of every group (replicationRoom).
 //   - target: the engine schema is at migrations.Latest, and the role may
 //     use it (schema USAGE; SELECT, INSERT, UPDATE on cursors, watermarks
 //     and leases; SELECT and INSERT on dead_letters).
@@ -147,29 +147,21 @@ func (ck *checker) run(ctx context.Context, progs []*rules.Program) error {
 func (ck *checker) source(ctx context.Context) error {
 	src := ck.c.source
 	var walLevel string
-	var maxSlots, usedSlots, ours int
-	names := make([]string, len(ck.cfg.Projections))
-	for i, spec := range ck.cfg.Projections {
-		names[i] = ck.cfg.SlotName(spec)
-	}
-	// A group of two or more versions also has a slot of its own; each
-	// version has one while it builds.
-	for name, idx := range ck.cfg.Groups() {
-		if len(idx) > 1 {
-			names = append(names, ck.cfg.GroupSlotName(name))
-		}
-	}
-	if err := src.QueryRow(ctx, `SELECT current_setting('wal_level'), current_setting('max_replication_slots')::int,
-  (SELECT count(*) FROM pg_replication_slots), (SELECT count(*) FROM pg_replication_slots WHERE slot_name = ANY($1))`,
-		names).Scan(&walLevel, &maxSlots, &usedSlots, &ours); err != nil {
+	var room replicationRoom
+	feeds := feedSlots(ck.cfg)
+	if err := src.QueryRow(ctx, `SELECT current_setting('wal_level'),
+  current_setting('max_replication_slots')::int, (SELECT count(*) FROM pg_replication_slots),
+  (SELECT count(*) FROM pg_replication_slots WHERE slot_name = ANY($1)),
+  current_setting('max_wal_senders')::int, (SELECT count(*) FROM pg_stat_replication),
+  (SELECT count(*) FROM pg_replication_slots WHERE slot_name = ANY($1) AND active)`,
+		feeds).Scan(&walLevel, &room.maxSlots, &room.usedSlots, &room.ourSlots, &room.maxSenders, &room.usedSenders, &room.ourSenders); err != nil {
 		return fmt.Errorf("check source settings: %w", err)
 	}
 	if walLevel != "logical" {
 		ck.add("source", "", "wal_level is %q, logical replication needs \"logical\" (set it and restart PostgreSQL)", walLevel)
 	}
-	if need := len(names) - ours; need > maxSlots-usedSlots {
-		ck.add("source", "", "max_replication_slots is %d with %d in use: the %d projection versions and groups without a slot need %d more",
-			maxSlots, usedSlots, need, need-(maxSlots-usedSlots))
+	for _, msg := range room.problems(len(feeds)) {
+		ck.add("source", "", "%s", msg)
 	}
 
 	tableName := ck.cfg.Source.Table
@@ -579,4 +571,42 @@ func (ck *checker) sqlRule(ctx context.Context, scope string, rs rules.RuleSpec)
 	case len(desc.ParamOIDs) != len(rs.Args):
 		ck.add(scope, "sql", "takes %d parameters, args gives %d", len(desc.ParamOIDs), len(rs.Args))
 	}
+}
+
+// feedSlots are the slots the configuration's groups stream from, one
+// per group (a group of one streams from its version's own slot).
+func feedSlots(cfg *config.Config) []string {
+	var out []string
+	for _, idx := range cfg.Groups() {
+		out = append(out, cfg.FeedSlot(cfg.Projections[idx[0]]))
+	}
+	slices.Sort(out)
+	return out
+}
+
+// replicationRoom is what the source server has of replication slots and
+// WAL senders, and how many of them the configuration's groups hold.
+type replicationRoom struct {
+	maxSlots, usedSlots, ourSlots       int
+	maxSenders, usedSenders, ourSenders int
+}
+
+// problems says what the server lacks for groups groups: a slot each
+// (those not created yet must fit in the free ones) and a WAL sender
+// each for its stream (those not streaming now must fit). A group's
+// members build together from its one slot; only a version that builds
+// beside a running group, or a member dropped from its group's scan,
+// holds a slot and a WAL sender of its own until it joins, which this
+// leaves to the headroom.
+func (r replicationRoom) problems(groups int) []string {
+	var out []string
+	if need, free := groups-r.ourSlots, r.maxSlots-r.usedSlots; need > free {
+		out = append(out, fmt.Sprintf("max_replication_slots is %d with %d in use: the configuration's %d groups stream from a slot each, %d of which do not exist yet: raise it by %d, or put more projections in one group",
+			r.maxSlots, r.usedSlots, groups, need, need-free))
+	}
+	if need, free := groups-r.ourSenders, r.maxSenders-r.usedSenders; need > free {
+		out = append(out, fmt.Sprintf("max_wal_senders is %d with %d in use: the configuration's %d groups stream on a replication connection each, %d of which are not streaming now: raise it by %d, or put more projections in one group",
+			r.maxSenders, r.usedSenders, groups, need, need-free))
+	}
+	return out
 }
