@@ -711,6 +711,9 @@ func statusNotes(ps ProjectionStatus, haveWM bool, wmSlot string, hasCursors boo
 	if ps.State == engine.StateHalted && engine.SourceHalt(ps.HaltReason) {
 		notes = append(notes, fmt.Sprintf("halted on node %s: %s — the source cannot be read; the engine probes it every standby_poll and resumes by itself once the cause is fixed (pgscribe resume -projection %s -version %d retries at once); nothing was acknowledged",
 			ps.Node, ps.HaltReason, ps.Projection, ps.Version))
+	} else if ps.State == engine.StateHalted && engine.ResourceHalt(ps.HaltReason) {
+		notes = append(notes, fmt.Sprintf("halted on node %s: %s — the server has no room for what the engine needs (raise the setting named, or group projections, or lower parallelism); the engine checks every standby_poll and resumes by itself once there is room (pgscribe resume -projection %s -version %d retries at once); nothing was acknowledged",
+			ps.Node, ps.HaltReason, ps.Projection, ps.Version))
 	} else if ps.State == engine.StateHalted {
 		notes = append(notes, fmt.Sprintf("halted on node %s: %s — fix the cause, then run pgscribe resume -projection %s -version %d (or restart pgscribe on that node); nothing of the failing batch was acknowledged",
 			ps.Node, ps.HaltReason, ps.Projection, ps.Version))

@@ -126,8 +126,12 @@ func (p *Projection) Run(ctx context.Context) error {
 		end := classifyEnd(err)
 		// A source halt keeps the lock and probes; once its cause is gone
 		// a new session runs under the same lease.
-		for end == endSourceHalt && ctx.Err() == nil {
-			if ferr := p.sourceFault(ctx, lease, err, ctl); ferr != nil {
+		for (end == endSourceHalt || end == endResourceHalt) && ctx.Err() == nil {
+			fault := p.sourceFault
+			if end == endResourceHalt {
+				fault = p.resourceFault
+			}
+			if ferr := fault(ctx, lease, err, ctl); ferr != nil {
 				err, end = ferr, classifyEnd(ferr)
 				break
 			}
@@ -184,10 +188,11 @@ func (p *Projection) Run(ctx context.Context) error {
 type ending int
 
 const (
-	endRestart    ending = iota // restart the pipeline after a backoff
-	endStandby                  // another node owns the projection: stand by at once
-	endHalt                     // hold the lock, halted, until the process stops
-	endSourceHalt               // hold the lock, halted or resyncing, until the source can be read (sourceFault)
+	endRestart      ending = iota // restart the pipeline after a backoff
+	endStandby                    // another node owns the projection: stand by at once
+	endHalt                       // hold the lock, halted, until the process stops
+	endSourceHalt                 // hold the lock, halted or resyncing, until the source can be read (sourceFault)
+	endResourceHalt               // hold the lock, halted, until the server has room again (resourceFault)
 )
 
 // classifyEnd is the one place that decides, from the error a session
@@ -204,6 +209,8 @@ func classifyEnd(err error) ending {
 		return endHalt
 	case errors.Is(err, event.ErrFenced), errors.Is(err, leader.ErrLost):
 		return endStandby
+	case sqlstate.ResourceSetting(err) != "":
+		return endResourceHalt
 	case sourceStructural(err):
 		return endSourceHalt
 	}

@@ -31,7 +31,11 @@ func TestClassifyEnd(t *testing.T) {
 		// The source's errors, with the commit taxonomy.
 		{name: "source connection lost", err: atSlot(fmt.Errorf("receive: %w", io.ErrUnexpectedEOF)), want: endRestart},
 		{name: "source admin shutdown", err: atSlot(pgErr("57P01")), want: endRestart},
-		{name: "source too many connections", err: atSource(pgErr("53300")), want: endRestart},
+		// The server's limits: retrying at once only adds to the load.
+		{name: "source too many connections", err: atSource(pgErr("53300")), want: endResourceHalt},
+		{name: "target too many connections", err: fmt.Errorf("target pool: %w", pgErr("53300")), want: endResourceHalt},
+		{name: "slots in use", err: atSource(fmt.Errorf("create slot s: %w", &pgconn.PgError{Code: "53400", Message: "all replication slots are in use"})), want: endResourceHalt},
+		{name: "another limit", err: atSource(&pgconn.PgError{Code: "53400", Message: "too many background workers"}), want: endRestart},
 		{name: "source connection exception", err: atSource(pgErr("08006")), want: endRestart},
 		{name: "stream stalled", err: atSlot(fmt.Errorf("%w: nothing for 31s", replication.ErrStalled)), want: endRestart},
 		{name: "stream ended", err: atSlot(replication.ErrStreamEnded), want: endRestart},
@@ -58,6 +62,7 @@ func TestHaltCause(t *testing.T) {
 		{`source halt: events row lacks column "type"; probe: probe events table events: ERROR: column "type" does not exist (SQLSTATE 42703)`, "source", ""},
 		{`halt: structural failure (sqlstate 42P01) on table t: boom`, "commit", "42P01"},
 		{`halt: render intent of rule r: boom`, "commit", ""},
+		{`resource halt (sqlstate 53400): the server has no room (max_replication_slots): create slot s: ERROR: all replication slots are in use (SQLSTATE 53400)`, "resource", "53400"},
 	}
 	for _, tt := range tests {
 		if stage, code := HaltCause(tt.reason); stage != tt.stage || code != tt.code {

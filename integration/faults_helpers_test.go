@@ -158,7 +158,13 @@ type faultEnv struct {
 // models of projs.
 func newFaultEnv(t *testing.T, retryAttempts int, projs ...faultProjection) *faultEnv {
 	t.Helper()
-	dsn := newDatabase(t)
+	return faultEnvOn(t, newDatabase(t), retryAttempts, projs...)
+}
+
+// faultEnvOn is newFaultEnv on the database dsn (of the shared server, or
+// of one a test started for itself).
+func faultEnvOn(t *testing.T, dsn string, retryAttempts int, projs ...faultProjection) *faultEnv {
+	t.Helper()
 	pool, err := pgxpool.New(context.Background(), dsn)
 	if err != nil {
 		t.Fatalf("pool: %v", err)

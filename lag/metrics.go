@@ -90,7 +90,7 @@ func NewMetrics(reg prometheus.Registerer, version string) *Metrics {
 		Paused: gauge("pgscribe_paused",
 			"1 while an operator paused the projection (pgscribe pause) on the node holding its lock."),
 		Halts: counter("pgscribe_halts_total",
-			"Halts by stage (source, lock, commit) and SQLSTATE class (two characters; none without a SQLSTATE).", "stage", "sqlstate_class"),
+			"Halts by stage (source, lock, commit, resource) and SQLSTATE class (two characters; none without a SQLSTATE).", "stage", "sqlstate_class"),
 		DeadLetters: counter("pgscribe_dead_letters_total",
 			"Dead-lettered events by error kind.", "error_kind"),
 		StreamGaps: counter("pgscribe_stream_gaps_total",
@@ -221,7 +221,7 @@ func (p *Projection) SetHalted(on bool) { p.m.Halted.WithLabelValues(p.name, p.v
 // SetPaused sets pgscribe_paused.
 func (p *Projection) SetPaused(on bool) { p.m.Paused.WithLabelValues(p.name, p.ver).Set(b2f(on)) }
 
-// Halt counts one halt at stage (source, lock, commit) whose error has
+// Halt counts one halt at stage (source, lock, commit, resource) whose error has
 // SQLSTATE code ("" when none): the label is the code's class, never the
 // code's text or the error's, so the series stay few.
 func (p *Projection) Halt(stage, code string) {

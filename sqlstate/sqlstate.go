@@ -13,6 +13,7 @@ import (
 	"errors"
 	"io"
 	"net"
+	"strings"
 	"syscall"
 
 	"github.com/jackc/pgerrcode"
@@ -510,4 +511,30 @@ var conditionNames = map[string]string{
 	pgerrcode.InternalError:  "internal_error",
 	pgerrcode.DataCorrupted:  "data_corrupted",
 	pgerrcode.IndexCorrupted: "index_corrupted",
+}
+
+// ResourceSetting names the server setting that err, an error of
+// insufficient resources, ran into: "max_connections" (53300, the
+// server's connection slots, or those left for non-superusers, are
+// taken), "max_wal_senders" (53300 from a replication connection) or
+// "max_replication_slots" (53400 from a slot's creation). Any other
+// error gives "". Such a fault is the deployment's, not an event's:
+// retrying at once only adds to the load.
+func ResourceSetting(err error) string {
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) {
+		return ""
+	}
+	switch pgErr.Code {
+	case pgerrcode.TooManyConnections:
+		if strings.Contains(pgErr.Message, "max_wal_senders") {
+			return "max_wal_senders"
+		}
+		return "max_connections"
+	case pgerrcode.ConfigurationLimitExceeded:
+		if strings.Contains(pgErr.Message, "replication slots") {
+			return "max_replication_slots"
+		}
+	}
+	return ""
 }

@@ -230,3 +230,26 @@ func TestClassifyConditionNamesComplete(t *testing.T) {
 		}
 	}
 }
+
+// The settings a 53300 or 53400 names, read from the server's message;
+// other errors name none.
+func TestResourceSetting(t *testing.T) {
+	for _, tt := range []struct {
+		code, msg, want string
+	}{
+		{"53300", "sorry, too many clients already", "max_connections"},
+		{"53300", "remaining connection slots are reserved for non-replication superuser connections", "max_connections"},
+		{"53300", "number of requested standby connections exceeds max_wal_senders (currently 10)", "max_wal_senders"},
+		{"53400", "all replication slots are in use", "max_replication_slots"},
+		{"53400", "too many background workers", ""},
+		{"42P01", "relation does not exist", ""},
+	} {
+		err := fmt.Errorf("connect: %w", &pgconn.PgError{Code: tt.code, Message: tt.msg})
+		if got := ResourceSetting(err); got != tt.want {
+			t.Errorf("ResourceSetting(%s %q) = %q, want %q", tt.code, tt.msg, got, tt.want)
+		}
+	}
+	if got := ResourceSetting(errors.New("plain")); got != "" {
+		t.Errorf("a plain error names %q", got)
+	}
+}
