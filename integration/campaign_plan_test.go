@@ -27,6 +27,9 @@ const (
 	partNote  = "note"  // insert into varchar(8): a long name fails at commit (22001)
 	partCheck = "check" // insert under CHECK (q >= 0): a negative q fails at commit (23514)
 	partFail  = "fail"  // op fail when data.fail: fails at the rule
+	// Drawn apart from the rest (generator 4, cPlan.more):
+	partUpd = "upd" // insert of the stream's row at its first event, update (set, inc) when data.v is even, if_missing drawn
+	partDel = "del" // key-only insert (stream id, position), delete of position - 2 when data.v % 3 == 0 (if_missing "ignore")
 )
 
 // campaignParts lists every part; a projection draws a subset.
@@ -42,6 +45,12 @@ type cProj struct {
 	group string // "" = the default group
 	types []string
 	parts []string
+	// ifMissing is the if_missing of the upd part's update rule:
+	// "ignore" or "dead_letter".
+	ifMissing string
+	// first is the position of a stream's first event (cShape.first),
+	// which the upd part's row is inserted at.
+	first int
 }
 
 func (p cProj) has(part string) bool { return slices.Contains(p.parts, part) }
@@ -54,9 +63,31 @@ func (p cProj) groupName() string {
 	return p.group
 }
 
-// poison is the SQL condition (on the events table) of the events this
-// projection must dead-letter, among those of its types.
+// typesSQL is the projection's types as an SQL array literal (they are
+// campaignTypes: no quoting needed).
+func (p cProj) typesSQL() string {
+	return "ARRAY['" + strings.Join(p.types, "','") + "']::text[]"
+}
+
+// poison is the SQL condition (on the events table, unaliased) of the
+// events this projection must dead-letter, among those of its types: the
+// static poison, and with the upd part under if_missing = "dead_letter"
+// an update (data.v even) on a stream whose row was never inserted (no
+// kept event of the projection's types at the stream's first position).
+// Those misses are permanent: a retry fails again.
 func (p cProj) poison() string {
+	static := p.staticPoison()
+	if !p.has(partUpd) || p.ifMissing != "dead_letter" {
+		return static
+	}
+	return fmt.Sprintf(`(%s OR ((data->>'v')::bigint %% 2 = 0 AND NOT EXISTS (SELECT 1 FROM events o
+  WHERE o.stream_id = events.stream_id AND o.stream_position = %d AND o.type = ANY(%s) AND NOT %s)))`,
+		static, p.first, p.typesSQL(), static)
+}
+
+// staticPoison is the condition of the events that fail whatever the read
+// models hold: a long name, a negative q, data.fail.
+func (p cProj) staticPoison() string {
 	var or []string
 	if p.has(partNote) {
 		or = append(or, `length(data->>'name') > 8`)
@@ -91,6 +122,8 @@ func (p cProj) ddl() string {
 	table(partTotal, `acct text PRIMARY KEY, total bigint NOT NULL, n bigint NOT NULL`)
 	table(partNote, `event_id text PRIMARY KEY, name varchar(8)`)
 	table(partCheck, `event_id text PRIMARY KEY, q int CHECK (q >= 0)`)
+	table(partUpd, `stream_id text PRIMARY KEY, opened bigint NOT NULL, last bigint, n bigint NOT NULL DEFAULT 0`)
+	table(partDel, `stream_id text, stream_position bigint, PRIMARY KEY (stream_id, stream_position)`)
 	return b.String()
 }
 
@@ -119,6 +152,17 @@ func (p cProj) toml() string {
 			rules = append(rules, rule{name: part, on: on, op: "insert", table: table, set: `event_id = "id", q = "data.q"`})
 		case partFail:
 			rules = append(rules, rule{name: part, on: on, when: "data.fail", op: "fail", message: "'refused by the campaign'"})
+		case partUpd:
+			rules = append(rules,
+				rule{name: part + "_open", on: on, when: fmt.Sprintf("stream_position == %d", p.first), op: "insert", table: table,
+					key: `stream_id = "stream_id"`, set: `opened = "stream_position"`},
+				rule{name: part, on: on, when: "data.v % 2 == 0", op: "update", table: table, ifMissing: p.ifMissing,
+					key: `stream_id = "stream_id"`, set: `last = "stream_position"`, inc: `n = "1"`})
+		case partDel:
+			rules = append(rules,
+				rule{name: part + "_add", on: on, op: "insert", table: table, key: `stream_id = "stream_id", stream_position = "stream_position"`},
+				rule{name: part, on: on, when: "data.v % 3 == 0", op: "delete", table: table, ifMissing: "ignore",
+					key: `stream_id = "stream_id", stream_position = "stream_position - 2"`})
 		}
 	}
 	var keys []string
@@ -151,6 +195,19 @@ func (p cProj) want() [][3]string {
 		`SELECT id::text, data->>'name' FROM events WHERE `+kept)
 	add(partCheck, `SELECT event_id, q FROM `+p.name+`_check`,
 		`SELECT id::text, (data->>'q')::int FROM events WHERE `+kept)
+	// k: the kept events, for the parts whose rows depend on several.
+	k := `WITH k AS (SELECT stream_id, stream_position, (data->>'v')::bigint AS v FROM events WHERE ` + kept + `) `
+	// upd: a row per stream whose first event is kept, updated by each
+	// kept event with an even v (the first included: its insert comes
+	// first, in rule order), last its latest position.
+	add(partUpd, `SELECT stream_id, opened, last, n FROM `+p.name+`_upd`,
+		k+fmt.Sprintf(`SELECT o.stream_id, o.stream_position, max(u.stream_position), count(u.stream_position)
+FROM k o LEFT JOIN k u ON u.stream_id = o.stream_id AND u.v %% 2 = 0 WHERE o.stream_position = %d GROUP BY 1, 2`, p.first))
+	// del: every kept event, less those that a kept event two positions
+	// later with v % 3 = 0 deleted.
+	add(partDel, `SELECT stream_id, stream_position FROM `+p.name+`_del`,
+		k+`SELECT stream_id, stream_position FROM k WHERE NOT EXISTS
+(SELECT 1 FROM k d WHERE d.stream_id = k.stream_id AND d.stream_position = k.stream_position + 2 AND d.v % 3 = 0)`)
 	return out
 }
 
@@ -167,6 +224,10 @@ const (
 	stepVerify    = "verify"           // pgscribe verify of a projection
 	stepRetry     = "deadletter-retry" // pgscribe deadletters retry of a projection: its poison fails again
 	stepSkip      = "deadletter-skip"  // pgscribe deadletters skip of a projection's dead letters
+	// Drawn apart from the weights below (cPlan.more), in place of a cut
+	// or a skip:
+	stepBlackhole = "blackhole"          // the engine's TCP proxy forwards nothing, closes nothing, for 2 s + 4 × hold
+	stepDiscard   = "deadletter-discard" // pgscribe deadletters discard -yes of a projection's dead letters
 )
 
 // campaignSteps lists every kind with its weight in a schedule.
@@ -275,31 +336,7 @@ func newPlan(seed uint64, duration time.Duration) cPlan {
 	pl := cPlan{seed: seed, duration: duration}
 	n := 1 + rng.IntN(4)
 	for i := range n {
-		p := cProj{name: fmt.Sprintf("p%d", i+1)}
-		switch rng.IntN(3) {
-		case 0: // the default group
-		case 1:
-			p.group = "g1"
-		case 2:
-			p.group = "solo" + p.name // alone in a group of its own
-		}
-		for _, ty := range campaignTypes {
-			if rng.IntN(3) > 0 {
-				p.types = append(p.types, ty)
-			}
-		}
-		if len(p.types) == 0 {
-			p.types = []string{campaignTypes[rng.IntN(len(campaignTypes))]}
-		}
-		for _, part := range campaignParts {
-			if rng.IntN(2) == 0 {
-				p.parts = append(p.parts, part)
-			}
-		}
-		if !slices.ContainsFunc(p.parts, func(s string) bool { return s != partFail }) {
-			p.parts = append(p.parts, partRows) // something to compare
-		}
-		pl.projs = append(pl.projs, p)
+		pl.projs = append(pl.projs, drawProj(rng, i))
 	}
 	pl.nodes = 1 + rng.IntN(2)
 	pl.writers = 1 + rng.IntN(4)
@@ -333,7 +370,74 @@ func newPlan(seed uint64, duration time.Duration) cPlan {
 	srng := rand.New(rand.NewPCG(seed, 0x73686170)) // "shap"
 	pl.shape = cShape{id: []string{"uuid", "bigint"}[srng.IntN(2)], data: []string{"jsonb", "json"}[srng.IntN(2)],
 		occurredAt: []string{"timestamptz", "timestamp"}[srng.IntN(2)], partitioned: srng.IntN(2) == 0, first: srng.IntN(2)}
+	pl.more()
 	return pl
+}
+
+// drawProj draws projection i (p<i+1>) from rng.
+func drawProj(rng *rand.Rand, i int) cProj {
+	p := cProj{name: fmt.Sprintf("p%d", i+1)}
+	switch rng.IntN(3) {
+	case 0: // the default group
+	case 1:
+		p.group = "g1"
+	case 2:
+		p.group = "solo" + p.name // alone in a group of its own
+	}
+	for _, ty := range campaignTypes {
+		if rng.IntN(3) > 0 {
+			p.types = append(p.types, ty)
+		}
+	}
+	if len(p.types) == 0 {
+		p.types = []string{campaignTypes[rng.IntN(len(campaignTypes))]}
+	}
+	for _, part := range campaignParts {
+		if rng.IntN(2) == 0 {
+			p.parts = append(p.parts, part)
+		}
+	}
+	if !slices.ContainsFunc(p.parts, func(s string) bool { return s != partFail }) {
+		p.parts = append(p.parts, partRows) // something to compare
+	}
+	return p
+}
+
+// more draws what generator 4 added, from a stream of its own (as the
+// events table), so that the draws of generator 3 stay as they were: a
+// third of the seeds get 1 to 8-n more projections (up to 8); every
+// projection the upd part (a third, if_missing "ignore" or
+// "dead_letter") and the del part (a third); each connection-cut step
+// becomes a blackhole, and each deadletter-skip a deadletter-discard, with
+// even odds.
+func (pl *cPlan) more() {
+	mrng := rand.New(rand.NewPCG(pl.seed, 0x6d6f7265)) // "more"
+	for i := range pl.steps {
+		st := &pl.steps[i]
+		swap := mrng.IntN(2) == 0
+		switch {
+		case swap && st.kind == stepCut:
+			st.kind = stepBlackhole
+		case swap && st.kind == stepSkip:
+			st.kind = stepDiscard
+		}
+	}
+	if n := len(pl.projs); mrng.IntN(3) == 0 && n < 8 {
+		for i := range 1 + mrng.IntN(8-n) {
+			pl.projs = append(pl.projs, drawProj(mrng, n+i))
+		}
+	}
+	for i := range pl.projs {
+		p := &pl.projs[i]
+		p.first = pl.shape.first
+		if mrng.IntN(3) == 0 {
+			p.parts = append(p.parts, partUpd)
+			p.ifMissing = []string{"ignore", "dead_letter"}[mrng.IntN(2)]
+		}
+		if mrng.IntN(3) == 0 {
+			p.parts = append(p.parts, partDel)
+		}
+	}
 }
 
 // String is the plan as a failing run prints it.
@@ -343,7 +447,11 @@ func (pl cPlan) String() string {
 		pl.seed, pl.duration, pl.nodes, pl.writers, pl.streams, pl.accounts, pl.backlog, 100*pl.bigTx, 100*pl.idle, 100*pl.poison)
 	fmt.Fprintf(&b, "  events table: %s\n", pl.shape)
 	for _, p := range pl.projs {
-		fmt.Fprintf(&b, "  projection %s: group %s, on %v, parts %v\n", p.name, p.groupName(), p.types, p.parts)
+		fmt.Fprintf(&b, "  projection %s: group %s, on %v, parts %v", p.name, p.groupName(), p.types, p.parts)
+		if p.has(partUpd) {
+			fmt.Fprintf(&b, ", upd if_missing %s", p.ifMissing)
+		}
+		b.WriteString("\n")
 	}
 	fmt.Fprintf(&b, "  schedule, %d steps:\n", len(pl.steps))
 	for i, s := range pl.steps {

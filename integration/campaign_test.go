@@ -14,7 +14,8 @@ package integration
 //     within haltVisible; the other faults recover by themselves, and
 //     every projection catches up within waitLong;
 //   - conservation per projection: events == applied + skipped +
-//     dead_lettered + adopted, never more;
+//     dead_lettered + adopted, never more, and dead_lettered == its dead
+//     letters (a skip or a discard moves their count to skipped);
 //   - every read model equals a computation from the events table alone
 //     (cProj.want), dead letters exactly the events that must fail, less
 //     those an operator skipped (recorded in campaign_skipped);
@@ -53,6 +54,7 @@ const (
 	campaignDurationEnv = "PGSCRIBE_CAMPAIGN_DURATION" // the history's length (Go duration); default 60s
 	campaignSkipEnv     = "PGSCRIBE_CAMPAIGN_SKIP"     // steps not to run, by number ("2,5"): minimising
 	campaignDryEnv      = "PGSCRIBE_CAMPAIGN_DRY"      // "1": print the plan, run nothing
+	campaignLogsEnv     = "PGSCRIBE_CAMPAIGN_LOGS"     // a directory: every node's output is copied there at the end, passed or failed
 )
 
 // campaignSeeds are the fixed seeds `make test` runs, each for
@@ -130,6 +132,33 @@ func TestCampaignPlan(t *testing.T) {
 	}
 	if !group {
 		t.Errorf("no fixed seed drops the publication under a group of two")
+	}
+	// What generator 4 added (cPlan.more) is drawn by some of the first
+	// 60 seeds: more than 4 projections and never more than 8, the upd
+	// part under both if_missing, the del part, a blackhole, a discard.
+	seen := map[string]bool{}
+	for s := range uint64(60) {
+		pl := newPlan(s+1, 20*time.Second)
+		if len(pl.projs) > 8 {
+			t.Errorf("seed %d draws %d projections", s+1, len(pl.projs))
+		}
+		seen[fmt.Sprint("projections>4 ", len(pl.projs) > 4)] = true
+		for _, p := range pl.projs {
+			if p.has(partUpd) {
+				seen["upd "+p.ifMissing] = true
+			}
+			if p.has(partDel) {
+				seen["del"] = true
+			}
+		}
+		for _, st := range pl.steps {
+			seen[st.kind] = true
+		}
+	}
+	for _, k := range []string{"projections>4 true", "upd ignore", "upd dead_letter", "del", stepBlackhole, stepDiscard} {
+		if !seen[k] {
+			t.Errorf("none of seeds 1–60 draws %s", k)
+		}
 	}
 }
 
@@ -287,6 +316,18 @@ func (c *campaign) setup() {
 		n.stopTimeout = 40 * time.Second // shutdown_timeout is 20s
 		n.start()
 		c.nodes = append(c.nodes, n)
+	}
+	if dir := os.Getenv(campaignLogsEnv); dir != "" {
+		// Registered last, so run first: before the temporary directory
+		// with the outputs is removed.
+		t.Cleanup(func() {
+			for _, n := range c.nodes {
+				keep := filepath.Join(dir, fmt.Sprintf("campaign-%d-%s.log", c.pl.seed, n.name))
+				if b, err := os.ReadFile(n.output); err == nil && os.WriteFile(keep, b, 0o644) == nil {
+					t.Logf("%s: output kept in %s", n.name, keep)
+				}
+			}
+		})
 	}
 }
 
@@ -454,6 +495,15 @@ func (c *campaign) step(i int, st cStep) {
 		c.proxy.Cut()
 		time.Sleep(st.hold)
 		c.proxy.Restore()
+	case stepBlackhole:
+		// Every connection of every node hangs, nothing is closed; new
+		// ones are accepted and hang too. The hold (up to 14 s) stays
+		// under stall_timeout (30 s): the engine must come back by itself
+		// once the bytes flow again (the quiet point after the step).
+		c.proxy.Blackhole()
+		c.note("blackholed the engine's connections")
+		time.Sleep(2*time.Second + 4*st.hold)
+		c.proxy.Restore()
 	case stepPubDrop:
 		pub := scalar[string](t, e.pool, `SELECT pubname FROM pg_publication`)
 		e.exec(t, "DROP PUBLICATION "+pgx.Identifier{pub}.Sanitize())
@@ -507,7 +557,7 @@ func (c *campaign) step(i int, st cStep) {
 		time.Sleep(st.hold)
 		e.exec(t, "ALTER TABLE "+table+" DROP COLUMN campaign_extra")
 		c.note("dropped it")
-	case stepRetry, stepSkip:
+	case stepRetry, stepSkip, stepDiscard:
 		p := c.pl.projs[st.target%len(c.pl.projs)].name
 		c.quietThen("before "+st.kind, func() {
 			n := c.e.scalar(t, `SELECT count(*) FROM pgscribe.dead_letters WHERE projection = $1 AND version = 1`, p)
@@ -515,14 +565,18 @@ func (c *campaign) step(i int, st cStep) {
 				c.note("step %d: %s has no dead letters", i, p)
 				return
 			}
-			verb := "retry"
-			if st.kind == stepSkip {
-				verb = "skip"
+			args := []string{"deadletters", strings.TrimPrefix(st.kind, "deadletter-"), "-projection", p, "-version", "1"}
+			if st.kind != stepRetry {
+				// Skipped or discarded: they leave the dead letters and
+				// count as skipped (cli.md), and verify would report them.
 				c.skipped[p] = true
 				e.exec(t, `INSERT INTO campaign_skipped SELECT projection, event_id FROM pgscribe.dead_letters WHERE projection = $1 AND version = 1`, p)
 			}
-			out := e.operate(t, 0, "deadletters", verb, "-projection", p, "-version", "1")
-			c.note("deadletters %s %s (%d): %s", verb, p, n, strings.TrimSpace(out))
+			if st.kind == stepDiscard {
+				args = append(args, "-yes") // done by the command itself, no engine needed
+			}
+			out := e.operate(t, 0, args...)
+			c.note("deadletters %s %s (%d): %s", args[1], p, n, strings.TrimSpace(out))
 		})
 	case stepVerify:
 		for k := range c.pl.projs {
@@ -664,6 +718,12 @@ func (c *campaign) quietThen(when string, then func()) {
 EXCEPT ALL SELECT event_id FROM campaign_skipped WHERE projection = $1`, p.name, p.types)
 		if t.Failed() {
 			c.violation("read models exact", "%s: %s differs from the events table (above)", when, p.name)
+		}
+		// The cursors count what the table of dead letters holds: a skip
+		// or a discard moves its count to skipped (the sum, above, stays).
+		counted := e.scalar(t, `SELECT coalesce(sum(dead_lettered), 0)::bigint FROM pgscribe.cursors WHERE projection = $1 AND version = 1`, p.name)
+		if rows := e.scalar(t, `SELECT count(*) FROM pgscribe.dead_letters WHERE projection = $1 AND version = 1`, p.name); counted != rows {
+			c.violation("conservation", "%s: %s counts %d events dead-lettered, its dead letters are %d", when, p.name, counted, rows)
 		}
 		if halted, _ := c.halted(p.name); halted {
 			c.violation("nothing halted at a quiet point", "%s: %s is halted", when, p.name)
