@@ -53,7 +53,27 @@ type cProj struct {
 	first int
 	// onError is "" (dead_letter), "halt" or "park" (cPlan.more).
 	onError string
+	// version is 0 (1) or, for the version bump's new version, 2 with
+	// its own schema (where its tables are), serve (where promote points
+	// views at them) and ddl file.
+	version       int
+	schema, serve string
 }
+
+// ver is the projection's version.
+func (p cProj) ver() int { return max(p.version, 1) }
+
+// tbl is the read model of part: schema-qualified for a version that has
+// its own schema.
+func (p cProj) tbl(part string) string {
+	if p.schema != "" {
+		return p.schema + "." + p.name + "_" + part
+	}
+	return p.name + "_" + part
+}
+
+// ddlFile is the version's ddl file, beside the configuration.
+func (p cProj) ddlFile() string { return fmt.Sprintf("%s_v%d.sql", p.name, p.ver()) }
 
 func (p cProj) has(part string) bool { return slices.Contains(p.parts, part) }
 
@@ -141,7 +161,7 @@ func (p cProj) deadSQL() string {
 		return `SELECT id::text FROM events WHERE false AND $1::text <> '' AND type = ANY($2)`
 	}
 	return `SELECT id::text FROM events WHERE type = ANY($2) AND ` + p.poison() + ` AND NOT ` + p.behind() + `
-EXCEPT ALL SELECT event_id FROM campaign_skipped WHERE projection = $1`
+EXCEPT ALL SELECT event_id FROM campaign_skipped WHERE projection = $1 AND version = ` + fmt.Sprint(p.ver())
 }
 
 // ddl creates the projection's read models.
@@ -209,7 +229,10 @@ func (p cProj) toml() string {
 	if onError == "" {
 		onError = "dead_letter"
 	}
-	return projectionKeysTOML(p.name, 1, onError, keys, rules...)
+	if p.schema != "" {
+		keys = append(keys, fmt.Sprintf("schema = %q", p.schema), fmt.Sprintf("serve = %q", p.serve), fmt.Sprintf("ddl = %q", p.ddlFile()))
+	}
+	return projectionKeysTOML(p.name, p.ver(), onError, keys, rules...)
 }
 
 // want returns, for each read model of the projection, the query of its
@@ -220,32 +243,32 @@ func (p cProj) want() [][3]string {
 	kept := p.kept()
 	add := func(part, got, want string) {
 		if p.has(part) {
-			out = append(out, [3]string{p.name + "_" + part, got, want})
+			out = append(out, [3]string{p.tbl(part), got, want})
 		}
 	}
-	add(partRows, `SELECT event_id, stream_id, stream_position, v FROM `+p.name+`_rows`,
+	add(partRows, `SELECT event_id, stream_id, stream_position, v FROM `+p.tbl(partRows),
 		`SELECT id::text, stream_id, stream_position, (data->>'v')::bigint FROM events WHERE `+kept)
-	add(partSeen, `SELECT stream_id, stream_position FROM `+p.name+`_seen`,
+	add(partSeen, `SELECT stream_id, stream_position FROM `+p.tbl(partSeen),
 		`SELECT stream_id, stream_position FROM events WHERE `+kept)
-	add(partTrail, `SELECT stream_id, positions FROM `+p.name+`_trail`,
+	add(partTrail, `SELECT stream_id, positions FROM `+p.tbl(partTrail),
 		`SELECT stream_id, array_agg(stream_position ORDER BY stream_position) FROM events WHERE `+kept+` GROUP BY stream_id`)
-	add(partTotal, `SELECT acct, total::numeric, n FROM `+p.name+`_total`,
+	add(partTotal, `SELECT acct, total::numeric, n FROM `+p.tbl(partTotal),
 		`SELECT data->>'acct', sum((data->>'amount')::numeric), count(*) FROM events WHERE `+kept+` GROUP BY 1`)
-	add(partNote, `SELECT event_id, name::text FROM `+p.name+`_note`,
+	add(partNote, `SELECT event_id, name::text FROM `+p.tbl(partNote),
 		`SELECT id::text, data->>'name' FROM events WHERE `+kept)
-	add(partCheck, `SELECT event_id, q FROM `+p.name+`_check`,
+	add(partCheck, `SELECT event_id, q FROM `+p.tbl(partCheck),
 		`SELECT id::text, (data->>'q')::int FROM events WHERE `+kept)
 	// k: the kept events, for the parts whose rows depend on several.
 	k := `WITH k AS (SELECT stream_id, stream_position, (data->>'v')::bigint AS v FROM events WHERE ` + kept + `) `
 	// upd: a row per stream whose first event is kept, updated by each
 	// kept event with an even v (the first included: its insert comes
 	// first, in rule order), last its latest position.
-	add(partUpd, `SELECT stream_id, opened, last, n FROM `+p.name+`_upd`,
+	add(partUpd, `SELECT stream_id, opened, last, n FROM `+p.tbl(partUpd),
 		k+fmt.Sprintf(`SELECT o.stream_id, o.stream_position, max(u.stream_position), count(u.stream_position)
 FROM k o LEFT JOIN k u ON u.stream_id = o.stream_id AND u.v %% 2 = 0 WHERE o.stream_position = %d GROUP BY 1, 2`, p.first))
 	// del: every kept event, less those that a kept event two positions
 	// later with v % 3 = 0 deleted.
-	add(partDel, `SELECT stream_id, stream_position FROM `+p.name+`_del`,
+	add(partDel, `SELECT stream_id, stream_position FROM `+p.tbl(partDel),
 		k+`SELECT stream_id, stream_position FROM k WHERE NOT EXISTS
 (SELECT 1 FROM k d WHERE d.stream_id = k.stream_id AND d.stream_position = k.stream_position + 2 AND d.v % 3 = 0)`)
 	return out
@@ -371,6 +394,9 @@ type cPlan struct {
 	// unparked lists the projections whose on_error park runs as
 	// dead_letter (withoutPark).
 	unparked []string
+	// bump is the projection that gets a v2 at the end (promoted, v1
+	// retired), -1 none.
+	bump int
 }
 
 // withoutPark runs the projections that drew on_error = "park" under
@@ -437,6 +463,21 @@ func newPlan(seed uint64, duration time.Duration) cPlan {
 	orng := rand.New(rand.NewPCG(seed, 0x6f6e6572)) // "oner"
 	for i := range pl.projs {
 		pl.projs[i].onError = []string{"", "", "", "", "halt", "park"}[orng.IntN(6)]
+	}
+	// The version bump at the end (generator 6, a stream of its own): for
+	// half the seeds, a projection under on_error = "dead_letter" without
+	// an sql rule (its statement is not rewritten for the new schema:
+	// v2 would write v1's table) gets a v2, promoted, v1 retired.
+	pl.bump = -1
+	brng := rand.New(rand.NewPCG(seed, 0x62756d70)) // "bump"
+	if brng.IntN(2) == 0 {
+		start := brng.IntN(len(pl.projs))
+		for k := range pl.projs {
+			if p := pl.projs[(start+k)%len(pl.projs)]; p.onError == "" && !p.has(partTrail) {
+				pl.bump = (start + k) % len(pl.projs)
+				break
+			}
+		}
 	}
 	return pl
 }
@@ -529,6 +570,9 @@ func (pl cPlan) String() string {
 	fmt.Fprintf(&b, "  schedule, %d steps:\n", len(pl.steps))
 	for i, s := range pl.steps {
 		fmt.Fprintf(&b, "    %2d %s\n", i, s)
+	}
+	if pl.bump >= 0 {
+		fmt.Fprintf(&b, "  at the end: a version bump of %s (v2 beside v1, promote v2, retire v1)\n", pl.projs[pl.bump].name)
 	}
 	return b.String()
 }

@@ -126,9 +126,13 @@ func TestCampaignPlan(t *testing.T) {
 			t.Fatalf("seed 7 drew two histories: %v, %v", a, b)
 		}
 	}
-	kinds, group := map[string]bool{}, false
+	kinds, group, bump, halt := map[string]bool{}, false, false, false
 	for _, s := range campaignSeeds {
 		pl := newPlan(s, campaignShort)
+		bump = bump || pl.bump >= 0
+		for _, p := range pl.projs {
+			halt = halt || (p.onError == "halt" && pl.poison > 0)
+		}
 		for _, st := range pl.steps {
 			kinds[st.kind] = true
 			if st.kind == stepPubDrop && pl.groupOfTwo() {
@@ -143,6 +147,12 @@ func TestCampaignPlan(t *testing.T) {
 	}
 	if !group {
 		t.Errorf("no fixed seed drops the publication under a group of two")
+	}
+	if !bump {
+		t.Errorf("no fixed seed bumps a version (promote, retire)")
+	}
+	if !halt {
+		t.Errorf("no fixed seed has a projection under on_error = \"halt\" with poison")
 	}
 	// What generators 4 and 5 added (cPlan.more, on_error) is drawn by
 	// some of the first 60 seeds: more than 4 projections and never more
@@ -191,6 +201,9 @@ type campaign struct {
 	stopc   chan struct{}
 	writers sync.WaitGroup
 	werr    chan error
+
+	cfg  *config // the configuration file's contents (its projections change with a version bump)
+	live []cProj // the projection versions configured: pl.projs, and after a version bump its v2 in place of v1
 
 	mu       sync.Mutex
 	journal  []string        // what was done, when
@@ -277,6 +290,9 @@ func runCampaign(t *testing.T, pl cPlan, skip map[int]bool) {
 			requireNoDrift(t, pgscribeBinary(t), c.e.config, p.name, 1)
 		}
 	}
+	if pl.bump >= 0 {
+		c.bumpVersion(pl.bump)
+	}
 	c.mu.Lock()
 	t.Logf("campaign seed %d passed: %d transactions, %d events appended by the writers (%d in the table), %d dead letters; faults and actions %v",
 		pl.seed, c.txs, c.evs, c.e.events(t),
@@ -309,11 +325,9 @@ func (c *campaign) setup() {
 	// e.dsn is what the engine runs with (through the proxy); the
 	// configuration file names the database directly, for the commands.
 	c.e = &faultEnv{dsn: through, dir: dir, config: filepath.Join(dir, "pgscribe.toml"), slotPrefix: uniqueID("cmp_"), pool: pool}
-	cfg := faultConfig(c.direct, c.e.slotPrefix, 5)
-	for _, p := range c.pl.projs {
-		cfg.add(p.toml())
-	}
-	cfg.write(t, c.e.config)
+	c.cfg = faultConfig(c.direct, c.e.slotPrefix, 5)
+	c.live = slices.Clone(c.pl.projs)
+	c.writeConfig(c.live)
 	c.e.exec(t, c.pl.shape.ddl())
 	migrate(t, c.e.config)
 	for _, p := range c.pl.projs {
@@ -327,7 +341,7 @@ func (c *campaign) setup() {
 		}
 		n += len(evs)
 	}
-	c.e.exec(t, `CREATE TABLE campaign_skipped (projection text, event_id text)`)
+	c.e.exec(t, `CREATE TABLE campaign_skipped (projection text, event_id text, version int NOT NULL DEFAULT 1)`)
 	for k := range c.pl.nodes {
 		n := newNode(t, fmt.Sprintf("pgscribe-%c", 'a'+k), c.e.config, "PGSCRIBE_DATABASE_URL="+c.e.dsn)
 		n.stopTimeout = 40 * time.Second // shutdown_timeout is 20s
@@ -383,8 +397,13 @@ func (c *campaign) broken() string {
 // halted reports whether a node shows the projection halted
 // (pgscribe_halted 1) and, if so, whether its /readyz answers 503.
 func (c *campaign) halted(projection string) (halted, notReady bool) {
+	return c.haltedAt(projection, 1)
+}
+
+// haltedAt is halted for a version of the projection.
+func (c *campaign) haltedAt(projection string, version int) (halted, notReady bool) {
 	for _, n := range c.nodes {
-		if n.metric("pgscribe_halted", projLabels(projection)) == 1 {
+		if n.metric("pgscribe_halted", projLabels(projection, "version", fmt.Sprint(version))) == 1 {
 			code, _ := n.get("/readyz")
 			return true, code == 503
 		}
@@ -778,11 +797,80 @@ func (c *campaign) diagnose(p cProj) {
 	}
 }
 
+// writeConfig writes the configuration file with projs.
+func (c *campaign) writeConfig(projs []cProj) {
+	c.cfg.projections = nil
+	for _, p := range projs {
+		c.cfg.add(p.toml())
+	}
+	c.cfg.write(c.t, c.e.config)
+}
+
+// restartNodes stops every node (SIGTERM) and starts it again: a changed
+// configuration is read at start.
+func (c *campaign) restartNodes() {
+	for _, n := range c.nodes {
+		n.stop()
+		n.start()
+	}
+}
+
+// bumpVersion runs the version bump of rebuilds.md on projection i once
+// the history ended (writers stopped): v2 in its own schema beside v1,
+// migrate, restart, v2 rebuilt and exact beside v1 (a quiet point checks
+// both); promote v2, whose served views must then read v2's rows; v1
+// removed from the configuration, restart, retire v1, which must leave no
+// slot, cursor, dead letter or lease of v1; v2 exact and without drift.
+func (c *campaign) bumpVersion(i int) {
+	t, e := c.t, c.e
+	v1 := c.pl.projs[i]
+	v2 := v1
+	v2.version, v2.schema, v2.serve = 2, v1.name+"_v2", v1.name+"_read"
+	if err := os.WriteFile(filepath.Join(filepath.Dir(e.config), v2.ddlFile()), []byte(v2.ddl()), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	e.exec(t, "CREATE SCHEMA IF NOT EXISTS "+v2.serve)
+	c.live = append(c.live, v2)
+	c.writeConfig(c.live)
+	migrate(t, e.config)
+	c.restartNodes()
+	c.note("version bump: %s v2 in schema %s beside v1, nodes restarted", v2.name, v2.schema)
+	c.quiet("with " + v2.name + " v2 beside v1")
+	out := e.operate(t, 0, "promote", "-projection", v2.name, "-version", "2")
+	c.note("promote %s v2: %s", v2.name, strings.TrimSpace(out))
+	for _, rm := range v2.want() {
+		// The served view has the table's name in the serve schema.
+		served := v2.serve + strings.TrimPrefix(rm[0], v2.schema)
+		sameRows(t, e.pool, "served view "+served, strings.Replace(rm[1], rm[0], served, 1), rm[2], v2.types)
+	}
+	if t.Failed() {
+		c.violation("promote serves the new version", "the served views of %s do not read v2's rows (above)", v2.name)
+	}
+	c.live = slices.DeleteFunc(c.live, func(p cProj) bool { return p.name == v1.name && p.ver() == 1 })
+	c.writeConfig(c.live)
+	c.restartNodes()
+	out = e.operate(t, 0, "retire", "-projection", v1.name, "-version", "1")
+	c.note("retire %s v1: %s", v1.name, strings.TrimSpace(out))
+	for _, q := range []string{
+		`SELECT count(*) FROM pgscribe.cursors WHERE projection = $1 AND version = 1 AND $2::text <> ''`,
+		`SELECT count(*) FROM pgscribe.dead_letters WHERE projection = $1 AND version = 1 AND $2::text <> ''`,
+		`SELECT count(*) FROM pgscribe.leases WHERE projection = $1 AND version = 1 AND $2::text <> ''`,
+		`SELECT count(*) FROM pg_replication_slots WHERE slot_name = $2 AND $1::text <> ''`,
+	} {
+		if n := e.scalar(t, q, v1.name, slotName(e.slotPrefix, v1.name, 1)); n != 0 {
+			c.violation("retire removes the version", "after retire of %s v1: %d row(s) of %s", v1.name, n, q)
+		}
+	}
+	c.quiet("after " + v1.name + " v1 retired")
+	requireNoDrift(t, pgscribeBinary(t), e.config, v2.name, 2)
+	c.note("verify %s v2: no drift", v2.name)
+}
+
 // campaignAccountedSQL is what the projection's cursors account for ($1
 // the projection, version 1): applied + skipped + dead_lettered + adopted
 // + parked (failures.md: a parked stream's held events count as parked).
 const campaignAccountedSQL = `SELECT coalesce(sum(applied + skipped + dead_lettered + adopted + parked), 0)::bigint
-FROM pgscribe.cursors WHERE projection = $1 AND version = 1`
+FROM pgscribe.cursors WHERE projection = $1 AND version = $2`
 
 // quiet holds the writers and checks the oracle: every projection
 // catches up within waitLong (recovered), conservation, exact read
@@ -797,7 +885,7 @@ func (c *campaign) quietThen(when string, then func()) {
 	defer c.gate.Unlock()
 	events := e.events(t)
 	forGood := map[string]bool{}
-	for _, p := range c.pl.projs {
+	for _, p := range c.live {
 		if c.haltsForGood(p) {
 			forGood[p.name] = true
 			c.haltedExactly(when, p)
@@ -806,20 +894,20 @@ func (c *campaign) quietThen(when string, then func()) {
 		var got int64
 		ok := poll(t, waitLong, p.name+" to catch up", func(ctx context.Context) (bool, error) {
 			var err error
-			err = e.pool.QueryRow(ctx, campaignAccountedSQL, p.name).Scan(&got)
+			err = e.pool.QueryRow(ctx, campaignAccountedSQL, p.name, p.ver()).Scan(&got)
 			return got >= events, err
 		}, c.broken)
 		switch {
 		case got > events:
 			c.violation("conservation", "%s: %s accounts for %d events, the table has %d", when, p.name, got, events)
 		case !ok:
-			if halted, _ := c.halted(p.name); halted {
+			if halted, _ := c.haltedAt(p.name, p.ver()); halted {
 				c.violation("halts end once their cause does", "%s: %s is halted, accounting for %d of %d events after %s", when, p.name, got, events, waitLong)
 			}
 			c.violation("every fault visible or recovered", "%s: %s accounts for %d of %d events after %s, and shows no halt", when, p.name, got, events, waitLong)
 		}
 	}
-	for _, p := range c.pl.projs {
+	for _, p := range c.live {
 		if forGood[p.name] {
 			continue // checked above
 		}
@@ -827,7 +915,7 @@ func (c *campaign) quietThen(when string, then func()) {
 			sameRows(t, e.pool, when+": read model "+rm[0], rm[1], rm[2], p.types)
 		}
 		sameRows(t, e.pool, when+": dead letters of "+p.name,
-			`SELECT event_id FROM pgscribe.dead_letters WHERE projection = $1 AND version = 1`,
+			`SELECT event_id FROM pgscribe.dead_letters WHERE projection = $1 AND version = `+fmt.Sprint(p.ver()),
 			p.deadSQL(), p.name, p.types)
 		if t.Failed() {
 			c.diagnose(p)
@@ -835,12 +923,12 @@ func (c *campaign) quietThen(when string, then func()) {
 		}
 		// The cursors count what the table of dead letters holds: a skip
 		// or a discard moves its count to skipped (the sum, above, stays).
-		counted := e.scalar(t, `SELECT coalesce(sum(dead_lettered), 0)::bigint FROM pgscribe.cursors WHERE projection = $1 AND version = 1`, p.name)
-		if rows := e.scalar(t, `SELECT count(*) FROM pgscribe.dead_letters WHERE projection = $1 AND version = 1`, p.name); counted != rows {
+		counted := e.scalar(t, `SELECT coalesce(sum(dead_lettered), 0)::bigint FROM pgscribe.cursors WHERE projection = $1 AND version = $2`, p.name, p.ver())
+		if rows := e.scalar(t, `SELECT count(*) FROM pgscribe.dead_letters WHERE projection = $1 AND version = $2`, p.name, p.ver()); counted != rows {
 			c.violation("conservation", "%s: %s counts %d events dead-lettered, its dead letters are %d", when, p.name, counted, rows)
 		}
-		if halted, _ := c.halted(p.name); halted {
-			c.violation("nothing halted at a quiet point", "%s: %s is halted", when, p.name)
+		if halted, _ := c.haltedAt(p.name, p.ver()); halted {
+			c.violation("nothing halted at a quiet point", "%s: %s v%d is halted", when, p.name, p.ver())
 		}
 	}
 	if len(forGood) > 0 {
