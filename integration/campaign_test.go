@@ -729,10 +729,12 @@ func (c *campaign) statusHalted(fault string) {
 func (c *campaign) recovered(fix string) {
 	c.t.Helper()
 	for _, p := range c.pl.projs {
-		if c.haltsForGood(p) {
-			continue // its poison halts it again
-		}
-		c.within(waitLong, "halts end once their cause does", fix+": "+p.name+" no longer halted", func() bool { h, _ := c.halted(p.name); return !h })
+		// One halted for good (its poison, maybe appended meanwhile: the
+		// writers run) halts again.
+		c.within(waitLong, "halts end once their cause does", fix+": "+p.name+" no longer halted (or halted for good)", func() bool {
+			h, _ := c.halted(p.name)
+			return !h || c.haltsForGood(p)
+		})
 	}
 }
 
