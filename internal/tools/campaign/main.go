@@ -71,7 +71,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 		}
 		return 0
 	}
-	fmt.Fprintf(stdout, "campaign: seed %d FAILED; replay: make campaign SEED=%d DURATION=%s SKIP=%s\n", *seed, *seed, *duration, join(skipped))
+	fmt.Fprintf(stdout, "campaign: seed %d FAILED; replay: %smake campaign SEED=%d DURATION=%s SKIP=%s\n", *seed, parkEnv(), *seed, *duration, join(skipped))
 	if !*minimise {
 		return 1
 	}
@@ -97,7 +97,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 			fmt.Fprintf(stdout, "campaign: minimise: step %d is needed\n", i)
 		}
 	}
-	fmt.Fprintf(stdout, "campaign: minimal failing schedule: make campaign SEED=%d DURATION=%s SKIP=%s\n", *seed, *duration, join(skipped))
+	fmt.Fprintf(stdout, "campaign: minimal failing schedule: %smake campaign SEED=%d DURATION=%s SKIP=%s\n", parkEnv(), *seed, *duration, join(skipped))
 	return 1
 }
 
@@ -173,4 +173,14 @@ func join(is []int) string {
 		s[k] = strconv.Itoa(i)
 	}
 	return strings.Join(s, ",")
+}
+
+// parkEnv is what a replay line needs before make: the campaign runs a
+// drawn on_error = "park" as drawn only with PGSCRIBE_CAMPAIGN_PARK=1,
+// which the test inherits from this process's environment.
+func parkEnv() string {
+	if os.Getenv("PGSCRIBE_CAMPAIGN_PARK") == "1" {
+		return "PGSCRIBE_CAMPAIGN_PARK=1 "
+	}
+	return ""
 }
