@@ -511,7 +511,7 @@ func (c *Committer) dedupe(evals []planned, curs map[string]cursor.Cursor) *atte
 			c.log.Warn("stream gap", "projection", c.opts.Projection, "version", c.opts.Version,
 				"stream_id", p.ev.StreamID, "cursor", cur.StreamPosition, "stream_position", p.ev.StreamPosition)
 		}
-		curs[p.ev.StreamID] = cursor.Cursor{StreamPosition: p.ev.StreamPosition, Position: p.ev.Position, ParkedSince: cur.ParkedSince}
+		curs[p.ev.StreamID] = cursor.Cursor{StreamPosition: p.ev.StreamPosition, Position: p.ev.Position, Parked: cur.Parked, ParkedSince: cur.ParkedSince}
 		adv, ok := a.adv[p.ev.StreamID]
 		if !ok {
 			adv = &cursor.Advance{StreamID: p.ev.StreamID}

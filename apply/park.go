@@ -31,7 +31,7 @@ func (c *Committer) parkedStreams(curs map[string]cursor.Cursor) map[string]int6
 	}
 	parked := map[string]int64{}
 	for id, cur := range curs {
-		if cur.ParkedSince > 0 {
+		if cur.Parked {
 			parked[id] = cur.ParkedSince
 		}
 	}
@@ -74,11 +74,11 @@ func (c *Committer) parkPlan(plan []planned, parked map[string]int64, adv map[st
 	}
 	for id, since := range parked {
 		cur := curs[id]
-		if cur.ParkedSince == 0 {
-			cur.ParkedSince = since
+		if !cur.Parked {
+			cur.Parked, cur.ParkedSince = true, since
 			curs[id] = cur
 			if a := adv[id]; a != nil {
-				a.ParkedSince = since
+				a.Parks, a.ParkedSince = true, since
 			}
 		}
 	}

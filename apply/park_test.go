@@ -18,7 +18,7 @@ func TestParkPlan(t *testing.T) {
 		at("s", 1, outApply), at("s", 2, outDead), at("t", 1, outApply), at("s", 3, outApply),
 		at("s", 4, outSkip), at("u", 6, outApply), at("u", 5, outDuplicate),
 	}
-	curs := map[string]cursor.Cursor{"s": {StreamPosition: 4}, "t": {StreamPosition: 1}, "u": {StreamPosition: 6, ParkedSince: 5}}
+	curs := map[string]cursor.Cursor{"s": {StreamPosition: 4}, "t": {StreamPosition: 1}, "u": {StreamPosition: 6, Parked: true, ParkedSince: 5}}
 	adv := map[string]*cursor.Advance{"s": {StreamID: "s"}, "t": {StreamID: "t"}, "u": {StreamID: "u"}}
 	parked := c.parkedStreams(curs)
 	held := c.parkPlan(plan, parked, adv, curs)
@@ -32,11 +32,27 @@ func TestParkPlan(t *testing.T) {
 	if len(held) != 3 || held[0].StreamID != "s" || held[0].StreamPosition != 3 || held[2].StreamID != "u" {
 		t.Errorf("held = %+v, want s/3, s/4, u/6", held)
 	}
-	if adv["s"].ParkedSince != 2 || curs["s"].ParkedSince != 2 {
-		t.Errorf("s parked since advance %d, cursor %d; want 2", adv["s"].ParkedSince, curs["s"].ParkedSince)
+	if !adv["s"].Parks || adv["s"].ParkedSince != 2 || !curs["s"].Parked || curs["s"].ParkedSince != 2 {
+		t.Errorf("s parked since advance %+v, cursor %+v; want 2", adv["s"], curs["s"])
 	}
-	if adv["u"].ParkedSince != 0 || adv["t"].ParkedSince != 0 {
+	if adv["u"].Parks || adv["t"].Parks {
 		t.Errorf("u (parked before the batch) and t (not parked) must not be parked again: %+v %+v", adv["u"], adv["t"])
+	}
+
+	// A stream from 0 whose first event is dead-lettered is parked since
+	// position 0, in this batch and, from its cursor, in the next.
+	curs0 := map[string]cursor.Cursor{}
+	adv0 := map[string]*cursor.Advance{"z": {StreamID: "z"}}
+	plan0 := []planned{at("z", 0, outDead), at("z", 1, outApply)}
+	c.parkPlan(plan0, c.parkedStreams(curs0), adv0, curs0)
+	if plan0[1].out != outPark || !adv0["z"].Parks || adv0["z"].ParkedSince != 0 {
+		t.Errorf("dead letter at position 0: next event %d, advance %+v; want held, parked since 0", plan0[1].out, adv0["z"])
+	}
+	curs0["z"] = cursor.Cursor{StreamPosition: 1, Parked: true, ParkedSince: 0}
+	next := []planned{at("z", 2, outApply)}
+	c.parkPlan(next, c.parkedStreams(curs0), adv0, curs0)
+	if next[0].out != outPark {
+		t.Errorf("a stream parked since position 0: its next batch's event %d, want held", next[0].out)
 	}
 
 	// A projection that does not park leaves the plan alone.

@@ -26,8 +26,10 @@ import (
 // Cursor is a stream's last accounted-for event.
 type Cursor struct {
 	StreamPosition, Position int64
-	// ParkedSince is the stream_position of the dead letter that parked the
-	// stream (on_error = "park"), 0 when it is not parked.
+	// Parked says the stream is parked (on_error = "park"), since
+	// ParkedSince: the stream_position of the dead letter that parked it
+	// (0 is a position like any other: streams may start at 0).
+	Parked      bool
 	ParkedSince int64
 }
 
@@ -38,7 +40,8 @@ type Advance struct {
 	StreamPosition, Position       int64
 	Applied, Skipped, DeadLettered int64
 	Parked                         int64 // events held (on_error = "park")
-	// ParkedSince, when not 0, parks the stream from that position on.
+	// Parks, when set, parks the stream from position ParkedSince on.
+	Parks       bool
 	ParkedSince int64
 }
 
@@ -178,9 +181,9 @@ func New(schema, projection string, version int64) *Store {
 		// every cursor of the version while the table has no statistics
 		// (a first backfill), and LIMIT 1 keeps the lateral from turning
 		// into the same scan as a hash join.
-		loadSQL: `SELECT u.stream_id, c.stream_position, c.position, c.parked_since
+		loadSQL: `SELECT u.stream_id, c.stream_position, c.position, c.parked, c.parked_since
 FROM unnest($3::text[]) AS u (stream_id)
-CROSS JOIN LATERAL (SELECT stream_position, position, coalesce(parked_since, 0) AS parked_since FROM ` + cursors + ` AS c
+CROSS JOIN LATERAL (SELECT stream_position, position, parked_since IS NOT NULL AS parked, coalesce(parked_since, 0) AS parked_since FROM ` + cursors + ` AS c
   WHERE c.projection = $1 AND c.version = $2 AND c.stream_id = u.stream_id LIMIT 1) AS c`,
 
 		// Positions take the new values; counts add up. One statement for the
@@ -188,9 +191,10 @@ CROSS JOIN LATERAL (SELECT stream_position, position, coalesce(parked_since, 0) 
 		// CONFLICT cannot touch one row twice in a statement.
 		advanceSQL: "INSERT INTO " + cursors + ` AS c
   (projection, version, stream_id, stream_position, position, applied, skipped, dead_lettered, parked, parked_since)
-SELECT $1, $2, u.stream_id, u.stream_position, u.position, u.applied, u.skipped, u.dead_lettered, u.parked, NULLIF(u.parked_since, 0)
-FROM unnest($3::text[], $4::bigint[], $5::bigint[], $6::bigint[], $7::bigint[], $8::bigint[], $9::bigint[], $10::bigint[])
-  AS u (stream_id, stream_position, position, applied, skipped, dead_lettered, parked, parked_since)
+SELECT $1, $2, u.stream_id, u.stream_position, u.position, u.applied, u.skipped, u.dead_lettered, u.parked,
+  CASE WHEN u.parks THEN u.parked_since END
+FROM unnest($3::text[], $4::bigint[], $5::bigint[], $6::bigint[], $7::bigint[], $8::bigint[], $9::bigint[], $10::bigint[], $11::bool[])
+  AS u (stream_id, stream_position, position, applied, skipped, dead_lettered, parked, parked_since, parks)
 ON CONFLICT (projection, version, stream_id) DO UPDATE SET
   stream_position = excluded.stream_position,
   position        = excluded.position,
@@ -285,7 +289,7 @@ func ScanInto(rows pgx.Rows, into map[string]Cursor) error {
 	for rows.Next() {
 		var id string
 		var c Cursor
-		if err := rows.Scan(&id, &c.StreamPosition, &c.Position, &c.ParkedSince); err != nil {
+		if err := rows.Scan(&id, &c.StreamPosition, &c.Position, &c.Parked, &c.ParkedSince); err != nil {
 			return fmt.Errorf("load cursors: %w", err)
 		}
 		into[id] = c
@@ -310,13 +314,13 @@ func (s *Store) Advance(ctx context.Context, q event.Querier, adv []Advance) err
 	ids := make([]string, n)
 	spos, pos := make([]int64, n), make([]int64, n)
 	applied, skipped, dead := make([]int64, n), make([]int64, n), make([]int64, n)
-	parked, since := make([]int64, n), make([]int64, n)
+	parked, since, parks := make([]int64, n), make([]int64, n), make([]bool, n)
 	for i, a := range merged {
 		ids[i], spos[i], pos[i] = a.StreamID, a.StreamPosition, a.Position
 		applied[i], skipped[i], dead[i] = a.Applied, a.Skipped, a.DeadLettered
-		parked[i], since[i] = a.Parked, a.ParkedSince
+		parked[i], since[i], parks[i] = a.Parked, a.ParkedSince, a.Parks
 	}
-	if _, err := q.Exec(ctx, s.advanceSQL, s.projection, s.version, ids, spos, pos, applied, skipped, dead, parked, since); err != nil {
+	if _, err := q.Exec(ctx, s.advanceSQL, s.projection, s.version, ids, spos, pos, applied, skipped, dead, parked, since, parks); err != nil {
 		return fmt.Errorf("advance cursors: %w", err)
 	}
 	return nil
@@ -341,8 +345,8 @@ func merge(adv []Advance) []Advance {
 		m.Skipped += a.Skipped
 		m.DeadLettered += a.DeadLettered
 		m.Parked += a.Parked
-		if m.ParkedSince == 0 {
-			m.ParkedSince = a.ParkedSince // the first park of the stream
+		if !m.Parks && a.Parks {
+			m.Parks, m.ParkedSince = true, a.ParkedSince // the first park of the stream
 		}
 	}
 	return out

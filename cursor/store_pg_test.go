@@ -437,3 +437,38 @@ func TestSaveWatermarksAsOne(t *testing.T) {
 		t.Error("stores of two engine schemas were accepted in one statement")
 	}
 }
+
+// A stream parked at position 0 (a stream numbered from 0 whose first
+// event was dead-lettered) stays parked through the cursors table: its
+// parked_since is 0, not NULL, and Load says so. A stream not parked has
+// parked_since NULL.
+func TestCursorParkedAtZero(t *testing.T) {
+	ctx := context.Background()
+	pool := storeDB(t, "pgscribe")
+	store := cursor.New("pgscribe", "p", 1)
+	if err := store.Advance(ctx, pool, []cursor.Advance{
+		{StreamID: "zero", StreamPosition: 1, Position: 2, DeadLettered: 1, Parked: 1, Parks: true, ParkedSince: 0},
+		{StreamID: "free", StreamPosition: 1, Position: 3, Applied: 2},
+	}); err != nil {
+		t.Fatal(err)
+	}
+	got, err := store.Load(ctx, pool, []string{"zero", "free"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]cursor.Cursor{"zero": {StreamPosition: 1, Position: 2, Parked: true, ParkedSince: 0}, "free": {StreamPosition: 1, Position: 3}}
+	if !mapsEqual(got, want) {
+		t.Errorf("Load = %+v, want %+v", got, want)
+	}
+	var nulls int
+	if err := pool.QueryRow(ctx, `SELECT count(*) FROM pgscribe.cursors WHERE parked_since IS NULL`).Scan(&nulls); err != nil || nulls != 1 {
+		t.Errorf("%d cursors with parked_since NULL (%v), want 1 (the stream not parked)", nulls, err)
+	}
+	// A later batch neither unparks it nor moves its park.
+	if err := store.Advance(ctx, pool, []cursor.Advance{{StreamID: "zero", StreamPosition: 2, Position: 4, Parked: 1}}); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := store.Load(ctx, pool, []string{"zero"}); err != nil || !got["zero"].Parked || got["zero"].ParkedSince != 0 {
+		t.Errorf("after a later batch: %+v, %v; want parked since 0", got["zero"], err)
+	}
+}
