@@ -64,6 +64,9 @@ type Projection struct {
 	// Set and read by Run's goroutine only (sessions run on it).
 	resync     string // why the next session must resync from a new snapshot; "" = plan decides
 	resyncedAt string // source fingerprint of the last resync sourceFault decided
+	// resourceHalts counts resource halts in a row, each session failing
+	// again within a minute of its start (resourceFault's backoff).
+	resourceHalts int
 }
 
 // New prepares a projection. hard is cancelled on a hard stop (second
@@ -130,6 +133,9 @@ func (p *Projection) Run(ctx context.Context) error {
 			fault := p.sourceFault
 			if end == endResourceHalt {
 				fault = p.resourceFault
+				if time.Since(start) > time.Minute {
+					p.resourceHalts = 0 // the session made progress
+				}
 			}
 			if ferr := fault(ctx, lease, err, ctl); ferr != nil {
 				err, end = ferr, classifyEnd(ferr)

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
 
@@ -67,6 +68,18 @@ func TestHaltCause(t *testing.T) {
 	for _, tt := range tests {
 		if stage, code := HaltCause(tt.reason); stage != tt.stage || code != tt.code {
 			t.Errorf("HaltCause(%q) = %q, %q; want %q, %q", tt.reason, stage, code, tt.stage, tt.code)
+		}
+	}
+}
+
+// A resource halt that follows a session failing again within a minute
+// waits longer before it checks for room: standby_poll doubling to a
+// minute, so that a server short of connections is not retried at once.
+func TestResourceBackoff(t *testing.T) {
+	poll := 5 * time.Second
+	for n, want := range map[int]time.Duration{1: 5 * time.Second, 2: 10 * time.Second, 3: 20 * time.Second, 4: 40 * time.Second, 5: time.Minute, 40: time.Minute} {
+		if got := resourceBackoff(poll, n); got != want {
+			t.Errorf("resourceBackoff(%s, %d) = %s, want %s", poll, n, got, want)
 		}
 	}
 }

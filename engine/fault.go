@@ -201,8 +201,11 @@ func (p *Projection) holdHaltedUntil(ctx context.Context, lease *leader.Lease, c
 // naming the setting (pgscribe_halted, the log, the lease row when a
 // connection can be had for it, /readyz 503), keeps its lock, and checks
 // every standby_poll whether the server has room again; it resumes then,
-// logged, or at once on `pgscribe resume`. Nothing of what failed was
-// acknowledged.
+// logged, or at once on `pgscribe resume`. The probe needs one connection
+// where a session needs several: a session that fails again within a
+// minute makes the next resume wait longer (resourceBackoff), so that a
+// server short of room is not retried every standby_poll. Nothing of what
+// failed was acknowledged.
 func (p *Projection) resourceFault(ctx context.Context, lease *leader.Lease, err error, ctl *controls) error {
 	seen, _ := ctl.current()
 	setting := sqlstate.ResourceSetting(err)
@@ -211,12 +214,18 @@ func (p *Projection) resourceFault(ctx context.Context, lease *leader.Lease, err
 	p.haltErr.Store(errors.New(reason))
 	p.setState(StateHalted)
 	p.metrics.Halt(stageResource, code)
+	p.resourceHalts++
+	wait := resourceBackoff(p.cfg.Engine.StandbyPoll, p.resourceHalts)
 	p.log.Error("projection halted: the server has no room for it; raise "+setting+" or make pgscribe use less (fewer groups, a smaller parallelism); nothing was acknowledged, checking every standby_poll, resumes by itself once there is room",
-		"stage", stageResource, "setting", setting, "sqlstate", code, "err", err)
+		"stage", stageResource, "setting", setting, "sqlstate", code, "err", err, "halts_in_a_row", p.resourceHalts, "resume_after", wait.String())
+	halted := time.Now()
 	if err := p.withTarget(ctx, func(conn *pgx.Conn) error { return lease.RecordHalt(ctx, conn, reason) }); err != nil {
 		p.log.Warn("record halt on lease", "err", err)
 	}
 	return p.holdHaltedUntil(ctx, lease, ctl, seen, stageResource, func() bool {
+		if time.Since(halted) < wait {
+			return false
+		}
 		room, err := p.hasRoom(ctx, setting)
 		if err != nil {
 			p.log.Debug("resource probe failed, retrying", "setting", setting, "err", err)
@@ -226,6 +235,13 @@ func (p *Projection) resourceFault(ctx context.Context, lease *leader.Lease, err
 		}
 		return room
 	})
+}
+
+// resourceBackoff is how long the n-th resource halt in a row waits
+// before it checks for room: standby_poll, doubled at each, at most a
+// minute (the pipeline's restart backoff).
+func resourceBackoff(poll time.Duration, n int) time.Duration {
+	return min(poll<<min(max(n-1, 0), 16), time.Minute)
 }
 
 // hasRoom says whether the server now has room for what setting

@@ -632,9 +632,11 @@ func (h *hub) run(ctx context.Context, membersDone <-chan struct{}) {
 			h.mu.Unlock()
 			h.wake()
 			continue
-		case len(h.attached) == 0:
-			// Nobody asks for the stream (the demand was a member's
-			// that has failed since): a stream now would create the
+		case len(h.attached) == 0 && len(h.waiting) == 0:
+			// Nobody reads the stream or asks to join it (the demand
+			// was a member's that has failed since; a member catching
+			// up on its own slot waits to join, and needs the stream
+			// running to do so): a stream now would create the
 			// slot that a scan of the members' resync is about to
 			// create: the scan failed with 42710 and both members halted
 			// (TestFaultDroppedSlot/member, 3 in 40 runs under CPU load).
