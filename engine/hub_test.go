@@ -327,7 +327,10 @@ func TestHubDetachesAMemberWhoseQueueStaysFull(t *testing.T) {
 	if !errors.Is(ms.err, errSlowMember) {
 		t.Errorf("the slow member was detached with %v, want errSlowMember", ms.err)
 	}
-	eventually(t, "fast to take every event", func() bool { _, ev := fast.snapshot(); return len(ev) == n })
+	eventually(t, "fast to take every event and commit", func() bool {
+		_, ev := fast.snapshot()
+		return len(ev) == n && fast.Confirmable() == 11
+	})
 	if got := s.Confirmable(); got != 5 {
 		t.Errorf("confirmable %s after the detach, want the slow member's watermark 5", got)
 	}
