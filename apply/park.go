@@ -40,8 +40,16 @@ func (c *Committer) parkedStreams(curs map[string]cursor.Cursor) map[string]int6
 
 // parkOf applies the park rule to one event of the batch, taken in order:
 // an event after its stream's parking position is held (and reported
-// true: not to be applied); a dead-lettered event of a stream not parked
-// parks it. parked nil (the projection does not park) does nothing.
+// true: not to be applied); a dead-lettered event parks its stream from
+// its position when the stream is not parked, or parked only from a later
+// position of this batch. The isolated pass finds commit-time failures
+// after the rule and pre-check failures are known: a stream parked at a
+// rule failure may turn out to have a CHECK violation before it, which
+// must park it instead (campaign seeds 7 and 9: parking at the later one
+// applied the events in between and dead-lettered the rule failure).
+// A park from before the batch is below every event of it that is not a
+// duplicate, so it never moves. parked nil (the projection does not park)
+// does nothing.
 func parkOf(p *planned, parked map[string]int64) bool {
 	if parked == nil || p.out == outDuplicate {
 		return false
@@ -51,7 +59,7 @@ func parkOf(p *planned, parked map[string]int64) bool {
 		p.out, p.intents = outPark, nil
 		return true
 	}
-	if !ok && p.out == outDead {
+	if p.out == outDead && (!ok || p.ev.StreamPosition < since) {
 		parked[p.ev.StreamID] = p.ev.StreamPosition
 	}
 	return false

@@ -22,6 +22,9 @@ type checkedRules struct{}
 
 func (checkedRules) Eval(ev *event.Event) ([]event.Intent, error) {
 	q := int64(1)
+	if ev.Type == "Fail" {
+		return nil, fmt.Errorf("rule fails on %s", ev.ID)
+	}
 	if ev.Type == "Bad" {
 		q = -1
 	}
@@ -34,7 +37,11 @@ func (checkedRules) Eval(ev *event.Event) ([]event.Intent, error) {
 // TestParkOnACheckViolation: under on_error = "park", an event that only
 // its commit rejects (a CHECK violation found by the isolated pass) parks
 // its stream: nothing after it in the stream is applied, whether it comes
-// in the same batch or a later one; the other streams go on.
+// in the same batch or a later one; the other streams go on. Stream s
+// also has a rule failure two events later, known before the isolated
+// pass: it is held, not dead-lettered, and the stream parks at the CHECK
+// violation (campaign seeds 7 and 9 parked at the rule failure and
+// applied the event between them).
 func TestParkOnACheckViolation(t *testing.T) {
 	if testing.Short() {
 		t.Skip("needs PostgreSQL")
@@ -69,6 +76,9 @@ CREATE TABLE fence_ok ()`); err != nil {
 					if s == "s" && sp == 3 {
 						typ = "Bad"
 					}
+					if s == "s" && sp == 5 {
+						typ = "Fail"
+					}
 					ev := &event.Event{Position: int64(n), ID: fmt.Sprintf("%s-%d", s, sp), StreamID: s, StreamPosition: int64(sp), Type: typ}
 					if err := parts.Dispatch(ctx, apply.Input{Event: ev, Token: 1}); err != nil {
 						t.Fatal(err)
@@ -82,11 +92,15 @@ CREATE TABLE fence_ok ()`); err != nil {
 			if err := <-done; err != nil {
 				t.Fatal(err)
 			}
-			var sRows, tRows, dead, held int64
+			var sRows, tRows, dead, held, since int64
 			if err := pool.QueryRow(ctx, `SELECT (SELECT count(*) FROM checked WHERE stream_id = 's'), (SELECT count(*) FROM checked WHERE stream_id = 't'),
-  (SELECT count(*) FROM pgscribe.dead_letters WHERE projection = $1), (SELECT count(*) FROM pgscribe.parked_events WHERE projection = $1)`, proj).
-				Scan(&sRows, &tRows, &dead, &held); err != nil {
+  (SELECT count(*) FROM pgscribe.dead_letters WHERE projection = $1), (SELECT count(*) FROM pgscribe.parked_events WHERE projection = $1),
+  (SELECT coalesce(parked_since, -1) FROM pgscribe.cursors WHERE projection = $1 AND stream_id = 's')`, proj).
+				Scan(&sRows, &tRows, &dead, &held, &since); err != nil {
 				t.Fatal(err)
+			}
+			if since != 3 {
+				t.Errorf("stream s parked since %d, want 3 (its CHECK violation)", since)
 			}
 			if sRows != 2 || tRows != 8 || dead != 1 || held != 5 {
 				rows, _ := pool.Query(ctx, `SELECT event_id FROM checked WHERE stream_id = 's' ORDER BY 1`)

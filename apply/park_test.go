@@ -88,3 +88,38 @@ func TestGateHoldsWorkers(t *testing.T) {
 		t.Fatal("a held gate must report a stop")
 	}
 }
+
+// A stream parked at a failure known before the isolated pass (a rule
+// error at position 5) parks at an earlier failure the pass finds (a
+// CHECK violation at 3): the event between them is held, and so is the
+// rule failure (campaign seeds 7 and 9).
+func TestParkMovesToAnEarlierFailure(t *testing.T) {
+	at := func(pos int64, out outcome) planned {
+		return planned{ev: &event.Event{StreamID: "s", StreamPosition: pos, Position: pos}, out: out}
+	}
+	plan := []planned{at(3, outApply), at(4, outApply), at(5, outDead), at(6, outApply)}
+	parked := map[string]int64{}
+	for i := range plan {
+		parkOf(&plan[i], parked)
+	}
+	if parked["s"] != 5 || plan[3].out != outPark {
+		t.Fatalf("before the isolated pass: parked %v, s/6 %d; want parked at 5, s/6 held", parked, plan[3].out)
+	}
+	plan[0].out = outDead // the isolated pass: s/3 violates a CHECK
+	rerun := false
+	for i := range plan {
+		applied := plan[i].out == outApply
+		if parkOf(&plan[i], parked) && applied {
+			rerun = true
+		}
+	}
+	want := []outcome{outDead, outPark, outPark, outPark}
+	for i, p := range plan {
+		if p.out != want[i] {
+			t.Errorf("s/%d: outcome %d, want %d", p.ev.StreamPosition, p.out, want[i])
+		}
+	}
+	if parked["s"] != 3 || !rerun {
+		t.Errorf("parked since %d, rerun %v; want 3 and a rerun (s/4 had applied)", parked["s"], rerun)
+	}
+}
