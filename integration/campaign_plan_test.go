@@ -400,10 +400,8 @@ type cPlan struct {
 }
 
 // withoutPark runs the projections that drew on_error = "park" under
-// "dead_letter" instead, the draws otherwise unchanged: parking loses a
-// stream's park after a dead letter (docs/testing.md#violations-found),
-// which would fail the short campaign `make test` runs;
-// PGSCRIBE_CAMPAIGN_PARK=1 runs them as drawn.
+// "dead_letter" instead, the draws otherwise unchanged
+// (PGSCRIBE_CAMPAIGN_PARK=0): to tell whether a violation needs parking.
 func (pl cPlan) withoutPark() cPlan {
 	projs := slices.Clone(pl.projs)
 	for i := range projs {
@@ -565,7 +563,7 @@ func (pl cPlan) String() string {
 		b.WriteString("\n")
 	}
 	if len(pl.unparked) > 0 {
-		fmt.Fprintf(&b, "  on_error park drawn for %v, run as dead_letter (PGSCRIBE_CAMPAIGN_PARK=1 runs it)\n", pl.unparked)
+		fmt.Fprintf(&b, "  on_error park drawn for %v, run as dead_letter (PGSCRIBE_CAMPAIGN_PARK=0)\n", pl.unparked)
 	}
 	fmt.Fprintf(&b, "  schedule, %d steps:\n", len(pl.steps))
 	for i, s := range pl.steps {

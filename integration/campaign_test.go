@@ -55,14 +55,14 @@ const (
 	campaignSkipEnv     = "PGSCRIBE_CAMPAIGN_SKIP"     // steps not to run, by number ("2,5"): minimising
 	campaignDryEnv      = "PGSCRIBE_CAMPAIGN_DRY"      // "1": print the plan, run nothing
 	campaignLogsEnv     = "PGSCRIBE_CAMPAIGN_LOGS"     // a directory: every node's output is copied there at the end, passed or failed
-	campaignParkEnv     = "PGSCRIBE_CAMPAIGN_PARK"     // "1": on_error park runs as drawn (else as dead_letter: cPlan.withoutPark)
+	campaignParkEnv     = "PGSCRIBE_CAMPAIGN_PARK"     // "0": on_error park runs as dead_letter (cPlan.withoutPark); else as drawn
 )
 
 // campaignPlan is the plan TestCampaign runs for seed: newPlan, with
-// on_error park run as dead_letter unless PGSCRIBE_CAMPAIGN_PARK=1.
+// on_error park run as dead_letter when PGSCRIBE_CAMPAIGN_PARK=0.
 func campaignPlan(seed uint64, duration time.Duration) cPlan {
 	pl := newPlan(seed, duration)
-	if os.Getenv(campaignParkEnv) != "1" {
+	if os.Getenv(campaignParkEnv) == "0" {
 		pl = pl.withoutPark()
 	}
 	return pl
@@ -242,8 +242,8 @@ func runCampaign(t *testing.T, pl cPlan, skip map[int]bool) {
 			}
 			slices.Sort(skipped)
 			env := ""
-			if os.Getenv(campaignParkEnv) == "1" {
-				env = campaignParkEnv + "=1 "
+			if os.Getenv(campaignParkEnv) == "0" {
+				env = campaignParkEnv + "=0 "
 			}
 			t.Logf("campaign seed %d FAILED. What it did:\n  %s\nreplay: %smake campaign SEED=%d DURATION=%s SKIP=%s",
 				pl.seed, strings.Join(c.journal, "\n  "), env, pl.seed, pl.duration, strings.Join(skipped, ","))

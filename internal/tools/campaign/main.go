@@ -175,12 +175,13 @@ func join(is []int) string {
 	return strings.Join(s, ",")
 }
 
-// parkEnv is what a replay line needs before make: the campaign runs a
-// drawn on_error = "park" as drawn only with PGSCRIBE_CAMPAIGN_PARK=1,
-// which the test inherits from this process's environment.
+// parkEnv is what a replay line needs before make: with
+// PGSCRIBE_CAMPAIGN_PARK=0, which the test inherits from this process's
+// environment, the campaign runs a drawn on_error = "park" as
+// "dead_letter".
 func parkEnv() string {
-	if os.Getenv("PGSCRIBE_CAMPAIGN_PARK") == "1" {
-		return "PGSCRIBE_CAMPAIGN_PARK=1 "
+	if os.Getenv("PGSCRIBE_CAMPAIGN_PARK") == "0" {
+		return "PGSCRIBE_CAMPAIGN_PARK=0 "
 	}
 	return ""
 }
