@@ -1,6 +1,7 @@
 package apply
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -732,11 +733,9 @@ func (c *Committer) queueWrites(ctx context.Context, tx dbtx, pl *pipeline, inte
 	// write the same rows (counts that every stream updates) would lock
 	// them in different orders and deadlock, each deadlock costing a
 	// deadlock_timeout and a retry (campaign seed 101: ten a minute).
-	// The rows the batch's keyed intents write are locked first, in one
-	// order for every batch (rowLocks).
-	if locks := rowLocks(intents); len(locks) > 0 {
-		pl.exec(rowLockSQL, "", locks)
-	}
+	// The batch takes its row locks first, in one order for every batch
+	// (rowLocks).
+	lockRows(pl, intents)
 	for _, in := range intents {
 		if err := c.queueIntent(ctx, tx, pl, in); err != nil {
 			return err
@@ -745,34 +744,102 @@ func (c *Committer) queueWrites(ctx context.Context, tx dbtx, pl *pipeline, inte
 	return nil
 }
 
-// rowLockSQL takes a transaction-level advisory lock per element of $1, in
-// the array's order. The two-integer form keeps them apart from the
-// engine's leadership locks (the bigint form: leader.Key).
-const rowLockSQL = `SELECT count(pg_advisory_xact_lock((k >> 32)::int, (k & 4294967295)::bit(32)::int)) FROM unnest($1::bigint[]) AS k`
+// lockRows queues the statement that takes the row locks of intents
+// (rowLocks), if they have any, and says whether it did.
+func lockRows(pl *pipeline, intents []*event.Intent) bool {
+	locks := rowLocks(intents)
+	if len(locks) > 0 {
+		tables, rows, exclusive := make([]int32, len(locks)), make([]int32, len(locks)), make([]bool, len(locks))
+		for i, l := range locks {
+			tables[i], rows[i], exclusive[i] = l.table, l.row, l.exclusive
+		}
+		pl.exec(rowLockSQL, "", tables, rows, exclusive)
+	}
+	return len(locks) > 0
+}
 
-// rowLocks is the sorted, distinct hashes of the rows that intents with a
-// key address (table, key columns and values), for a batch on the
-// sequential path: every batch that writes a row takes its lock before
-// writing any, in ascending order, so two batches sharing rows wait for
-// each other instead of deadlocking. Two rows whose hashes collide only
-// wait for each other too. Rows that an op = "sql" intent writes are not
-// known and not locked.
-func rowLocks(intents []*event.Intent) []int64 {
-	var out []int64
+// rowLockSQL takes a transaction-level advisory lock per element of the
+// arrays, in their order: exclusive where $3 says so, else shared. The
+// two-integer form keeps them apart from the engine's leadership locks
+// (the bigint form: leader.Key).
+const rowLockSQL = `SELECT count(CASE WHEN x THEN pg_advisory_xact_lock(t, r) ELSE pg_advisory_xact_lock_shared(t, r) END)
+FROM unnest($1::int[], $2::int[], $3::bool[]) AS u (t, r, x)`
+
+// rowLockBudget is the most rows a batch locks one by one. PostgreSQL
+// keeps every lock in one shared table sized max_locks_per_transaction
+// (64) per connection: a lock per row of a backfill batch (5,000 rows,
+// four partitions at once) overflowed it, and "out of shared memory"
+// (53200) failed the engine's batches and every other session that
+// needed a lock meanwhile, the application's included
+// (TestRowLocksOfBigBatches).
+const rowLockBudget = 32
+
+// rowLock is one advisory lock of a batch: a table's (row 0) or one of
+// its rows'.
+type rowLock struct {
+	table, row int32
+	exclusive  bool
+}
+
+// rowLocks is the locks a batch takes before it writes, in the order it
+// takes them: sorted, so that two batches that share rows wait for each
+// other instead of deadlocking. For each table that intents with a key
+// address (op = "sql" intents write rows that are not known), a lock on
+// the table: shared, with an exclusive lock per row (a hash of table, key
+// columns and key values) when the batch writes at most rowLockBudget
+// rows; else exclusive, and no row locks. Two batches that write a row
+// both lock it, or one of them holds its table exclusively: the second
+// waits for the first's commit before it writes anything. Hashes that
+// collide only make batches wait for each other too.
+func rowLocks(intents []*event.Intent) []rowLock {
+	tables := map[int32]map[int32]struct{}{}
+	n := 0
 	for _, in := range intents {
 		if len(in.Key) == 0 || in.Op == event.OpSQL {
 			continue
 		}
-		h := fnv.New64a()
-		h.Write([]byte(in.Table))
-		h.Write([]byte{0})
-		h.Write([]byte(names(in.Key)))
-		h.Write([]byte{0})
-		h.Write([]byte(keyValues(in.Key)))
-		out = append(out, int64(h.Sum64()))
+		t := hash31(in.Table)
+		r := hash31(in.Table + "\x00" + names(in.Key) + "\x00" + keyValues(in.Key))
+		if r == 0 {
+			r = 1 // 0 is the table's lock
+		}
+		rows := tables[t]
+		if rows == nil {
+			rows = map[int32]struct{}{}
+			tables[t] = rows
+		}
+		if _, ok := rows[r]; !ok {
+			rows[r] = struct{}{}
+			n++
+		}
 	}
-	slices.Sort(out)
-	return slices.Compact(out)
+	if len(tables) == 0 {
+		return nil
+	}
+	big := n > rowLockBudget
+	out := make([]rowLock, 0, len(tables)+min(n, rowLockBudget))
+	for t, rows := range tables {
+		out = append(out, rowLock{table: t, exclusive: big})
+		if !big {
+			for r := range rows {
+				out = append(out, rowLock{table: t, row: r, exclusive: true})
+			}
+		}
+	}
+	slices.SortFunc(out, func(a, b rowLock) int {
+		if a.table != b.table {
+			return cmp.Compare(a.table, b.table)
+		}
+		return cmp.Compare(a.row, b.row)
+	})
+	return out
+}
+
+// hash31 is a non-negative 32-bit hash of s.
+func hash31(s string) int32 {
+	h := fnv.New32a()
+	h.Write([]byte(s))
+	return int32(h.Sum32() & 0x7fffffff)
 }
 
 // pipeline is statements sent in one round trip, each with how its result

@@ -65,9 +65,15 @@ type rig struct {
 // each of its sessions.
 func migratedPool(t *testing.T, params map[string]string) *pgxpool.Pool {
 	t.Helper()
+	return migratedPoolAt(t, pgtest.Database(t), params)
+}
+
+// migratedPoolAt is migratedPool on the database of dsn.
+func migratedPoolAt(t *testing.T, dsn string, params map[string]string) *pgxpool.Pool {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	cfg, err := pgxpool.ParseConfig(pgtest.Database(t))
+	cfg, err := pgxpool.ParseConfig(dsn)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -62,6 +62,19 @@ func (c *Committer) applyIsolated(ctx context.Context, tx dbtx, plan []planned, 
 			seg = append(seg, i)
 		}
 	}
+	// The pass's row locks first, for all of its segments: each segment
+	// takes its own in order, but the segments write one after the other.
+	var intents []*event.Intent
+	for _, i := range seg {
+		for j := range plan[i].intents {
+			intents = append(intents, &plan[i].intents[j])
+		}
+	}
+	if pl := (&pipeline{}); lockRows(pl, intents) {
+		if err := pl.send(ctx, tx); err != nil {
+			return err
+		}
+	}
 	s := &isolation{c: c, tx: tx, plan: plan, circ: circ, missing: missing}
 	_, err := s.run(ctx, seg, false)
 	c.obs.Isolation(s.attempts)

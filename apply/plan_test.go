@@ -1,6 +1,7 @@
 package apply
 
 import (
+	"fmt"
 	"math"
 	"slices"
 	"testing"
@@ -203,8 +204,10 @@ func TestPlanMisses(t *testing.T) {
 	}
 }
 
-// TestRowLocks: the sequential path's row locks are one per row (table,
-// key columns, key values), sorted, without keyless or sql intents.
+// TestRowLocks: the sequential path's row locks: a shared lock per table
+// and an exclusive one per row (table, key columns, key values), sorted,
+// without keyless or sql intents; over rowLockBudget rows, an exclusive
+// lock per table and none per row.
 func TestRowLocks(t *testing.T) {
 	row := func(table, k string) *event.Intent {
 		return &event.Intent{Op: event.OpUpsert, Table: table, Key: []event.Column{{Name: "k", Value: k}}}
@@ -213,16 +216,43 @@ func TestRowLocks(t *testing.T) {
 	sql := &event.Intent{Op: event.OpSQL, SQL: "SELECT 1"}
 	keyless := &event.Intent{Op: event.OpInsert, Table: "t", Set: []event.Column{{Name: "k", Value: "a"}}}
 	got := rowLocks([]*event.Intent{b, a, sql, c, row("t", "a"), keyless})
-	if len(got) != 3 {
-		t.Fatalf("rowLocks = %v, want 3 locks (t/a, t/b, u/a)", got)
+	if len(got) != 5 {
+		t.Fatalf("rowLocks = %v, want 5 locks (t, t/a, t/b, u, u/a)", got)
 	}
-	if !slices.IsSorted(got) {
+	sorted := slices.IsSortedFunc(got, func(x, y rowLock) int {
+		if x.table != y.table {
+			return int(x.table) - int(y.table)
+		}
+		return int(x.row) - int(y.row)
+	})
+	if !sorted {
 		t.Errorf("rowLocks = %v, not sorted", got)
+	}
+	tables := 0
+	for _, l := range got {
+		if l.row == 0 {
+			tables++
+			if l.exclusive {
+				t.Errorf("a table's lock is exclusive for 3 rows: %v", got)
+			}
+		} else if !l.exclusive {
+			t.Errorf("a row's lock is shared: %v", got)
+		}
+	}
+	if tables != 2 {
+		t.Errorf("rowLocks = %v, want a lock for each of t and u", got)
 	}
 	if again := rowLocks([]*event.Intent{c, a, b}); !slices.Equal(got, again) {
 		t.Errorf("rowLocks depends on the intents' order: %v and %v", got, again)
 	}
 	if rowLocks([]*event.Intent{sql, keyless}) != nil {
 		t.Error("rowLocks locks rows of keyless or sql intents")
+	}
+	var many []*event.Intent
+	for i := range rowLockBudget + 1 {
+		many = append(many, row("t", fmt.Sprint(i)), row("u", "a"))
+	}
+	if big := rowLocks(many); len(big) != 2 || !big[0].exclusive || !big[1].exclusive || big[0].row != 0 || big[1].row != 0 {
+		t.Errorf("over the budget: %v, want the two tables' locks, exclusive, and no row's", big)
 	}
 }
