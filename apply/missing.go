@@ -1,12 +1,14 @@
 package apply
 
 import (
+	"errors"
 	"fmt"
 	"strings"
 
 	"github.com/jackc/pgx/v5"
 
 	"github.com/pgscribe/pgscribe/event"
+	"github.com/pgscribe/pgscribe/sqlstate"
 )
 
 // Updates and deletes that match no row. Each is counted per rule
@@ -115,6 +117,21 @@ func missingMessage(in *event.Intent) string {
 	}
 	b.WriteString(` (if_missing = "dead_letter")`)
 	return b.String()
+}
+
+// writeFailure is the dead-letter kind and message of an event whose
+// writes failed for good when applied on its own (a retried dead letter,
+// a released held event): a miss of an if_missing = "dead_letter" rule is
+// missing:<rule> with the row it missed, as in a batch; anything else a
+// commit-time failure, commit:<SQLSTATE> (<name>). A retried miss was
+// recorded as "commit:" with no SQLSTATE, which verify then reported as
+// drift against its rebuild's missing:<rule> (campaign seed 2032).
+func writeFailure(err error) (kind, message string) {
+	var miss *missingError
+	if errors.As(err, &miss) && len(miss.intents) > 0 {
+		return "missing:" + miss.intents[0].Rule, missingMessage(miss.intents[0])
+	}
+	return "commit:" + sqlstate.Describe(err), err.Error()
 }
 
 // markMissing dead-letters the events that own the missed intents. The

@@ -157,7 +157,7 @@ func (c *Committer) releaseOne(ctx context.Context, r deadletter.Row) (bool, err
 		case errors.Is(err, event.ErrFenced) || ctx.Err() != nil || sqlstate.Classify(err) == sqlstate.ClassTransient:
 			return false, err
 		}
-		kind, msg = "commit:"+sqlstate.Describe(err), err.Error()
+		kind, msg = writeFailure(err)
 	}
 	// It fails again: it becomes the stream's dead letter, which parks the
 	// stream from its position.

@@ -119,9 +119,11 @@ func (c *Committer) redriveOne(ctx context.Context, in Input) (RedriveOutcome, e
 			}
 			continue
 		}
-		// Integrity or structural: the cause is still there. The dead
-		// letter stays, with the new reason, and the projection goes on.
-		return RedriveFailed, c.refail(ctx, id, "commit:"+sqlstate.Describe(err), err.Error())
+		// Integrity, structural or a miss: the cause is still there. The
+		// dead letter stays, with the new reason, and the projection goes
+		// on.
+		kind, msg := writeFailure(err)
+		return RedriveFailed, c.refail(ctx, id, kind, msg)
 	}
 }
 

@@ -506,3 +506,71 @@ func TestOldestEngineTransactionVisible(t *testing.T) {
 		p.stop()
 	})
 }
+
+// TestOperatorRetryOfAMiss: an update under if_missing = "dead_letter"
+// that matches no row dead-letters its event as missing:<rule>. A retry
+// while the row is still missing fails again and keeps that kind and a
+// message naming the row (it was recorded as "commit:" with no SQLSTATE,
+// which verify reported as drift: campaign seed 2032); once the row
+// exists, a retry applies it. Under on_error = "park" too, where the
+// stream's later event is held until then.
+func TestOperatorRetryOfAMiss(t *testing.T) {
+	t.Parallel()
+	for _, mode := range []string{"dead_letter", "park"} {
+		t.Run(mode, func(t *testing.T) {
+			t.Parallel()
+			name := "rm" + mode[:1]
+			proj := faultProjection{name: name, types: []string{"Tick", "Seen"}, extra: []rule{
+				{name: "touch", on: "Seen", op: "update", table: name + "_seen", key: `k = "stream_id"`, set: `n = "data.v"`, ifMissing: "dead_letter"},
+			}}
+			if mode == "park" {
+				proj.onError = "park"
+			}
+			var backlog []faultEvent
+			for i := range 20 {
+				backlog = append(backlog, ev("t-"+string(rune('a'+i%4)), "Tick", int64(i)))
+			}
+			backlog = append(backlog, ev("m1", "Tick", 1),
+				faultEvent{stream: "m1", typ: "Seen", data: map[string]any{"v": 7}, expect: "missing:touch"})
+			e, p := startFault(t, 10, fmt.Sprintf(`CREATE TABLE %s_seen (k text PRIMARY KEY, n bigint NOT NULL)`, name), backlog, proj)
+			if mode == "park" {
+				e.appendEvents(t, ev("m1", "Tick", 2)) // held behind the dead letter
+				e.waitConserved(t, p, name)
+				if n := e.scalar(t, `SELECT coalesce(sum(parked), 0)::bigint FROM pgscribe.cursors WHERE projection = $1`, name); n != 1 {
+					t.Fatalf("%d events held, want 1 (m1's Tick behind its dead letter)", n)
+				}
+			}
+			kindAndMessage := func() (kind, msg string) {
+				if err := e.pool.QueryRow(context.Background(), `SELECT error_kind, error_message FROM pgscribe.dead_letters WHERE projection = $1`, name).Scan(&kind, &msg); err != nil {
+					t.Fatal(err)
+				}
+				return kind, msg
+			}
+			if kind, _ := kindAndMessage(); kind != "missing:touch" {
+				t.Fatalf("dead letter kind %q, want missing:touch", kind)
+			}
+			out := e.operate(t, 0, "deadletters", "retry", "-projection", name, "-version", "1")
+			if !strings.Contains(out, "0 applied, 1 failed again") {
+				t.Errorf("retry with the row still missing said %q", out)
+			}
+			if kind, msg := kindAndMessage(); kind != "missing:touch" || !strings.Contains(msg, "matched no row of "+name+"_seen where k = m1") {
+				t.Errorf("after a retry that failed again: kind %q, message %q; want missing:touch and the row it missed", kind, msg)
+			}
+			e.exec(t, fmt.Sprintf(`INSERT INTO %s_seen VALUES ('m1', 0)`, name))
+			out = e.operate(t, 0, "deadletters", "retry", "-projection", name, "-version", "1")
+			if !strings.Contains(out, "1 applied, 0 failed again") {
+				t.Errorf("retry with the row there said %q", out)
+			}
+			waitFor(t, waitLong, "the retried event applied", func() bool {
+				return e.scalar(t, fmt.Sprintf(`SELECT n FROM %s_seen WHERE k = 'm1'`, name)) == 7 &&
+					e.scalar(t, `SELECT count(*) FROM pgscribe.dead_letters WHERE projection = $1`, name) == 0 &&
+					e.scalar(t, `SELECT coalesce(sum(parked), 0)::bigint FROM pgscribe.cursors WHERE projection = $1`, name) == 0
+			})
+			if got, want := e.accounted(t, name), e.events(t); got != want {
+				t.Errorf("conservation: %d events, %d accounted", want, got)
+			}
+			sameRows(t, e.pool, name+"_rows", fmt.Sprintf(`SELECT event_id::text, stream_id, stream_position, v FROM %s_rows`, name),
+				`SELECT id::text, stream_id, stream_position, (data->>'v')::bigint FROM events`)
+		})
+	}
+}
