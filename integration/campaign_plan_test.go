@@ -291,6 +291,8 @@ const (
 	// or a skip:
 	stepBlackhole = "blackhole"          // the engine's TCP proxy forwards nothing, closes nothing, for 2 s + 4 × hold
 	stepDiscard   = "deadletter-discard" // pgscribe deadletters discard -yes of a projection's dead letters
+	// Drawn in place of an alter-table (generator 7):
+	stepBreak = "alter-break" // ALTER TABLE … RENAME COLUMN a rule writes: the projection halts visibly; renamed back, pgscribe resume
 )
 
 // campaignSteps lists every kind with its weight in a schedule.
@@ -477,7 +479,36 @@ func newPlan(seed uint64, duration time.Duration) cPlan {
 			}
 		}
 	}
+	// Generator 7, a stream of its own: each alter-table step renames a
+	// column a rule writes instead, with even odds.
+	krng := rand.New(rand.NewPCG(seed, 0x62726b21)) // "brk!"
+	for i := range pl.steps {
+		if pl.steps[i].kind == stepAlter && krng.IntN(2) == 0 {
+			pl.steps[i].kind = stepBreak
+		}
+	}
 	return pl
+}
+
+// breakable returns a read model of the projection and a column of it
+// that its rules write whatever the event (the part picked by target
+// among those that have one): renamed, the next batch with an event of
+// its types fails with 42703 (undefined_column), a structural failure.
+// "" when it has none (only the fail part).
+func (p cProj) breakable(target int) (table, column string) {
+	cols := map[string]string{partRows: "v", partSeen: "stream_position", partTrail: "positions", partTotal: "n",
+		partNote: "name", partCheck: "q", partUpd: "opened", partDel: "stream_position"}
+	var parts []string
+	for _, part := range p.parts {
+		if cols[part] != "" {
+			parts = append(parts, part)
+		}
+	}
+	if len(parts) == 0 {
+		return "", ""
+	}
+	part := parts[target%len(parts)]
+	return p.tbl(part), cols[part]
 }
 
 // drawProj draws projection i (p<i+1>) from rng.

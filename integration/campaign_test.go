@@ -178,7 +178,7 @@ func TestCampaignPlan(t *testing.T) {
 			seen[st.kind] = true
 		}
 	}
-	for _, k := range []string{"projections>4 true", "upd ignore", "upd dead_letter", "del", stepBlackhole, stepDiscard, "on_error halt", "on_error park"} {
+	for _, k := range []string{"projections>4 true", "upd ignore", "upd dead_letter", "del", stepBlackhole, stepDiscard, stepBreak, "on_error halt", "on_error park"} {
 		if !seen[k] {
 			t.Errorf("none of seeds 1–60 draws %s", k)
 		}
@@ -603,6 +603,43 @@ func (c *campaign) step(i int, st cStep) {
 		time.Sleep(st.hold)
 		e.exec(t, "ALTER TABLE "+table+" DROP COLUMN campaign_extra")
 		c.note("dropped it")
+	case stepBreak:
+		var p cProj
+		var table, col string
+		for k := range c.pl.projs {
+			if q := c.pl.projs[(st.target+k)%len(c.pl.projs)]; !c.haltsForGood(q) {
+				if table, col = q.breakable(st.target); table != "" {
+					p = q
+					break
+				}
+			}
+		}
+		if table == "" {
+			c.note("step %d: no projection that is not halted for good writes a column", i)
+			return
+		}
+		gone := col + "_gone"
+		e.exec(t, fmt.Sprintf("ALTER TABLE %s RENAME COLUMN %s TO %s", table, col, gone))
+		c.note("renamed %s.%s: a rule of %s writes a column that is gone", table, col, p.name)
+		// An event of each of its types, so that it meets the change even
+		// while the writers idle (only its upd part's open insert, at a
+		// stream's first position, writes opened: a new stream).
+		var evs []cEvent
+		for _, ty := range p.types {
+			evs = append(evs, cEvent{stream: fmt.Sprintf("fault-%d", i), typ: ty,
+				data: `{"v": 0, "acct": "a-0", "amount": 1, "name": "fault", "q": 0, "fail": false}`})
+		}
+		if err := c.appendTx(context.Background(), e.pool, evs); err != nil {
+			t.Fatalf("append after the rename: %v", err)
+		}
+		c.within(haltVisible, "every fault visible or recovered", "column renamed: "+p.name+" halted visibly (pgscribe_halted 1, /readyz 503)",
+			func() bool { h, nr := c.halted(p.name); return h && nr })
+		c.statusHaltedOf("column renamed", []cProj{p})
+		time.Sleep(st.hold)
+		e.exec(t, fmt.Sprintf("ALTER TABLE %s RENAME COLUMN %s TO %s", table, gone, col))
+		e.operate(t, 0, "resume", "-projection", p.name, "-version", "1")
+		c.note("renamed it back; pgscribe resume -projection %s", p.name)
+		c.recovered("column restored, projection resumed")
 	case stepRetry, stepSkip, stepDiscard:
 		p := c.pl.projs[st.target%len(c.pl.projs)].name
 		c.quietThen("before "+st.kind, func() {
@@ -698,6 +735,12 @@ func (c *campaign) visibleHalt(fault string) {
 // halted with a reason: what an operator reads besides the metrics.
 func (c *campaign) statusHalted(fault string) {
 	c.t.Helper()
+	c.statusHaltedOf(fault, c.pl.projs)
+}
+
+// statusHaltedOf is statusHalted for the projections projs.
+func (c *campaign) statusHaltedOf(fault string, projs []cProj) {
+	c.t.Helper()
 	var why string
 	ok := poll(c.t, haltVisible, "status to show the halts", func(ctx context.Context) (bool, error) {
 		out, err := cliCommand(ctx, pgscribeBinary(c.t), "status", "-json", "-config", c.e.config).Output()
@@ -709,7 +752,7 @@ func (c *campaign) statusHalted(fault string) {
 			why = fmt.Sprintf("status -json: %v: %s", err, out)
 			return false, nil
 		}
-		for _, p := range c.pl.projs {
+		for _, p := range projs {
 			i := slices.IndexFunc(st.Projections, func(s sourceStatusProjection) bool { return s.Projection == p.name })
 			if i < 0 || st.Projections[i].State != "halted" || st.Projections[i].HaltReason == "" {
 				why = fmt.Sprintf("status -json does not show %s halted with a reason: %s", p.name, out)
@@ -721,7 +764,7 @@ func (c *campaign) statusHalted(fault string) {
 	if !ok {
 		c.violation("every fault visible or recovered", "%s: %s", fault, why)
 	}
-	c.note("%s: pgscribe status shows every projection halted, with its reason", fault)
+	c.note("%s: pgscribe status shows %d projection(s) halted, with the reason", fault, len(projs))
 }
 
 // recovered: once the cause of a halt is gone, every projection resumes
