@@ -291,8 +291,9 @@ const (
 	// or a skip:
 	stepBlackhole = "blackhole"          // the engine's TCP proxy forwards nothing, closes nothing, for 2 s + 4 × hold
 	stepDiscard   = "deadletter-discard" // pgscribe deadletters discard -yes of a projection's dead letters
-	// Drawn in place of an alter-table (generator 7):
-	stepBreak = "alter-break" // ALTER TABLE … RENAME COLUMN a rule writes: the projection halts visibly; renamed back, pgscribe resume
+	// Drawn in place of an alter-table, or of a kill-9 (generator 7):
+	stepBreak   = "alter-break" // ALTER TABLE … RENAME COLUMN a rule writes: the projection halts visibly; renamed back, pgscribe resume
+	stepOverlap = "cut+kill-9"  // two faults at once: the connections cut, an engine node killed meanwhile, started while still cut, restored after
 )
 
 // campaignSteps lists every kind with its weight in a schedule.
@@ -480,11 +481,21 @@ func newPlan(seed uint64, duration time.Duration) cPlan {
 		}
 	}
 	// Generator 7, a stream of its own: each alter-table step renames a
-	// column a rule writes instead, with even odds.
+	// column a rule writes instead, with even odds, and a third of the
+	// kill-9 steps after the first strike while the connections are cut
+	// (the first stays: make test's fixed seeds keep their kill-9).
 	krng := rand.New(rand.NewPCG(seed, 0x62726b21)) // "brk!"
+	kills := 0
 	for i := range pl.steps {
-		if pl.steps[i].kind == stepAlter && krng.IntN(2) == 0 {
-			pl.steps[i].kind = stepBreak
+		switch st := &pl.steps[i]; st.kind {
+		case stepAlter:
+			if krng.IntN(2) == 0 {
+				st.kind = stepBreak
+			}
+		case stepKill:
+			if kills++; krng.IntN(3) == 0 && kills > 1 {
+				st.kind = stepOverlap
+			}
 		}
 	}
 	return pl

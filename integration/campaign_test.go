@@ -154,13 +154,15 @@ func TestCampaignPlan(t *testing.T) {
 	if !halt {
 		t.Errorf("no fixed seed has a projection under on_error = \"halt\" with poison")
 	}
-	// What generators 4 and 5 added (cPlan.more, on_error) is drawn by
-	// some of the first 60 seeds: more than 4 projections and never more
-	// than 8, the upd part under both if_missing, the del part, a
-	// blackhole, a discard, on_error halt and park.
+	// What generators 4, 5 and 7 added (cPlan.more, on_error, the
+	// alter-break and overlap swaps) is drawn by some of the first 60
+	// seeds, for a minute of history: more than 4 projections and never
+	// more than 8, the upd part under both if_missing, the del part, a
+	// blackhole, a discard, an alter-break, a cut+kill-9, on_error halt
+	// and park.
 	seen := map[string]bool{}
 	for s := range uint64(60) {
-		pl := newPlan(s+1, 20*time.Second)
+		pl := newPlan(s+1, time.Minute)
 		if len(pl.projs) > 8 {
 			t.Errorf("seed %d draws %d projections", s+1, len(pl.projs))
 		}
@@ -178,7 +180,7 @@ func TestCampaignPlan(t *testing.T) {
 			seen[st.kind] = true
 		}
 	}
-	for _, k := range []string{"projections>4 true", "upd ignore", "upd dead_letter", "del", stepBlackhole, stepDiscard, stepBreak, "on_error halt", "on_error park"} {
+	for _, k := range []string{"projections>4 true", "upd ignore", "upd dead_letter", "del", stepBlackhole, stepDiscard, stepBreak, stepOverlap, "on_error halt", "on_error park"} {
 		if !seen[k] {
 			t.Errorf("none of seeds 1–60 draws %s", k)
 		}
@@ -510,6 +512,18 @@ func (c *campaign) step(i int, st cStep) {
 		c.note("killed %s (%s)", n.name, role)
 		time.Sleep(st.hold)
 		n.start()
+	case stepOverlap:
+		// The second fault while the first holds: the node dies with its
+		// connections already cut, and starts again before they return.
+		c.proxy.Cut()
+		n, role := c.pickNode(st.target)
+		n.kill()
+		c.note("cut the connections, then killed %s (%s)", n.name, role)
+		time.Sleep(st.hold)
+		n.start()
+		time.Sleep(st.hold)
+		c.proxy.Restore()
+		c.note("started %s while cut, then restored the connections", n.name)
 	case stepFreeze:
 		n, role := c.pickNode(st.target)
 		n.signal(syscall.SIGSTOP)
