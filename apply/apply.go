@@ -692,7 +692,7 @@ func (c *Committer) applyPipelined(ctx context.Context, tx dbtx, pl *pipeline, p
 			intents = append(intents, &p.intents[j])
 		}
 	}
-	if err := c.queueWrites(ctx, tx, pl, intents); err != nil {
+	if err := c.queueWrites(ctx, tx, pl, intents, false); err != nil {
 		return err
 	}
 	if err := c.writeBook(ctx, &queuer{pl: pl, table: c.opts.Schema + " engine tables"}, bk); err != nil {
@@ -718,7 +718,10 @@ func (c *Committer) applyPipelined(ctx context.Context, tx dbtx, pl *pipeline, p
 
 // queueWrites queues intents as multi-row statements where that is exact
 // (see planGroups), else one statement per intent in order.
-func (c *Committer) queueWrites(ctx context.Context, tx dbtx, pl *pipeline, intents []*event.Intent) error {
+//
+// locked says the caller took the row locks of intents already (the
+// isolated pass, for all of its segments).
+func (c *Committer) queueWrites(ctx context.Context, tx dbtx, pl *pipeline, intents []*event.Intent, locked bool) error {
 	if layers, ok := planGroups(intents); ok {
 		for _, layer := range layers {
 			for _, g := range layer {
@@ -735,7 +738,9 @@ func (c *Committer) queueWrites(ctx context.Context, tx dbtx, pl *pipeline, inte
 	// deadlock_timeout and a retry (campaign seed 101: ten a minute).
 	// The batch takes its row locks first, in one order for every batch
 	// (rowLocks).
-	lockRows(pl, intents)
+	if !locked {
+		lockRows(pl, intents, nil)
+	}
 	for _, in := range intents {
 		if err := c.queueIntent(ctx, tx, pl, in); err != nil {
 			return err
@@ -746,8 +751,8 @@ func (c *Committer) queueWrites(ctx context.Context, tx dbtx, pl *pipeline, inte
 
 // lockRows queues the statement that takes the row locks of intents
 // (rowLocks), if they have any, and says whether it did.
-func lockRows(pl *pipeline, intents []*event.Intent) bool {
-	locks := rowLocks(intents)
+func lockRows(pl *pipeline, intents []*event.Intent, streams []string) bool {
+	locks := rowLocks(intents, streams)
 	if len(locks) > 0 {
 		tables, rows, exclusive := make([]int32, len(locks)), make([]int32, len(locks)), make([]bool, len(locks))
 		for i, l := range locks {
@@ -791,10 +796,20 @@ type rowLock struct {
 // both lock it, or one of them holds its table exclusively: the second
 // waits for the first's commit before it writes anything. Hashes that
 // collide only make batches wait for each other too.
-func rowLocks(intents []*event.Intent) []rowLock {
-	tables := map[int32]map[int32]struct{}{}
+//
+// streams, when not nil, is the stream of each intent (the isolated
+// pass): over the budget, the rows that two or more of the batch's
+// streams write are locked (they are the rows other partitions write
+// too: counts, shared accounts) and the tables shared, unless those rows
+// are over the budget too. Isolated passes of big batches (a backfill's,
+// with poison) then go on side by side instead of one at a time; a row
+// that only one stream of such a batch writes, and another partition's
+// batch too, is not locked by it, and the two can still deadlock (then
+// retried).
+func rowLocks(intents []*event.Intent, streams []string) []rowLock {
+	tables := map[int32]map[int32]string{} // each row's stream, "" for two or more
 	n := 0
-	for _, in := range intents {
+	for i, in := range intents {
 		if len(in.Key) == 0 || in.Op == event.OpSQL {
 			continue
 		}
@@ -803,26 +818,46 @@ func rowLocks(intents []*event.Intent) []rowLock {
 		if r == 0 {
 			r = 1 // 0 is the table's lock
 		}
+		stream := ""
+		if streams != nil {
+			stream = streams[i]
+		}
 		rows := tables[t]
 		if rows == nil {
-			rows = map[int32]struct{}{}
+			rows = map[int32]string{}
 			tables[t] = rows
 		}
-		if _, ok := rows[r]; !ok {
-			rows[r] = struct{}{}
+		if s, ok := rows[r]; !ok {
+			rows[r] = stream
 			n++
+		} else if s != stream {
+			rows[r] = ""
 		}
 	}
 	if len(tables) == 0 {
 		return nil
+	}
+	shared := func(s string) bool { return true } // which rows to lock
+	if n > rowLockBudget && streams != nil {
+		n = 0
+		for _, rows := range tables {
+			for _, s := range rows {
+				if s == "" {
+					n++
+				}
+			}
+		}
+		shared = func(s string) bool { return s == "" }
 	}
 	big := n > rowLockBudget
 	out := make([]rowLock, 0, len(tables)+min(n, rowLockBudget))
 	for t, rows := range tables {
 		out = append(out, rowLock{table: t, exclusive: big})
 		if !big {
-			for r := range rows {
-				out = append(out, rowLock{table: t, row: r, exclusive: true})
+			for r, s := range rows {
+				if shared(s) {
+					out = append(out, rowLock{table: t, row: r, exclusive: true})
+				}
 			}
 		}
 	}

@@ -65,12 +65,14 @@ func (c *Committer) applyIsolated(ctx context.Context, tx dbtx, plan []planned, 
 	// The pass's row locks first, for all of its segments: each segment
 	// takes its own in order, but the segments write one after the other.
 	var intents []*event.Intent
+	var streams []string
 	for _, i := range seg {
 		for j := range plan[i].intents {
 			intents = append(intents, &plan[i].intents[j])
+			streams = append(streams, plan[i].ev.StreamID)
 		}
 	}
-	if pl := (&pipeline{}); lockRows(pl, intents) {
+	if pl := (&pipeline{}); lockRows(pl, intents, streams) {
 		if err := pl.send(ctx, tx); err != nil {
 			return err
 		}
@@ -153,7 +155,7 @@ func (s *isolation) try(ctx context.Context, seg []int) (failure, err error) {
 				intents = append(intents, &s.plan[i].intents[j])
 			}
 		}
-		if err := s.c.queueWrites(ctx, s.tx, pl, intents); err != nil {
+		if err := s.c.queueWrites(ctx, s.tx, pl, intents, true); err != nil {
 			return nil, err
 		}
 	}

@@ -215,7 +215,7 @@ func TestRowLocks(t *testing.T) {
 	a, b, c := row("t", "a"), row("t", "b"), row("u", "a")
 	sql := &event.Intent{Op: event.OpSQL, SQL: "SELECT 1"}
 	keyless := &event.Intent{Op: event.OpInsert, Table: "t", Set: []event.Column{{Name: "k", Value: "a"}}}
-	got := rowLocks([]*event.Intent{b, a, sql, c, row("t", "a"), keyless})
+	got := rowLocks([]*event.Intent{b, a, sql, c, row("t", "a"), keyless}, nil)
 	if len(got) != 5 {
 		t.Fatalf("rowLocks = %v, want 5 locks (t, t/a, t/b, u, u/a)", got)
 	}
@@ -242,17 +242,39 @@ func TestRowLocks(t *testing.T) {
 	if tables != 2 {
 		t.Errorf("rowLocks = %v, want a lock for each of t and u", got)
 	}
-	if again := rowLocks([]*event.Intent{c, a, b}); !slices.Equal(got, again) {
+	if again := rowLocks([]*event.Intent{c, a, b}, nil); !slices.Equal(got, again) {
 		t.Errorf("rowLocks depends on the intents' order: %v and %v", got, again)
 	}
-	if rowLocks([]*event.Intent{sql, keyless}) != nil {
+	if rowLocks([]*event.Intent{sql, keyless}, nil) != nil {
 		t.Error("rowLocks locks rows of keyless or sql intents")
 	}
 	var many []*event.Intent
 	for i := range rowLockBudget + 1 {
 		many = append(many, row("t", fmt.Sprint(i)), row("u", "a"))
 	}
-	if big := rowLocks(many); len(big) != 2 || !big[0].exclusive || !big[1].exclusive || big[0].row != 0 || big[1].row != 0 {
+	if big := rowLocks(many, nil); len(big) != 2 || !big[0].exclusive || !big[1].exclusive || big[0].row != 0 || big[1].row != 0 {
 		t.Errorf("over the budget: %v, want the two tables' locks, exclusive, and no row's", big)
+	}
+	// With the streams (the isolated pass): over the budget, the rows two
+	// streams write (u/a) are locked, the tables shared.
+	streams := make([]string, len(many))
+	for i := range many {
+		streams[i] = fmt.Sprint("s-", i)
+	}
+	got = rowLocks(many, streams)
+	if len(got) != 3 || got[0].exclusive && got[0].row == 0 || got[1].exclusive && got[1].row == 0 {
+		t.Errorf("over the budget with streams: %v, want t and u shared and u/a exclusive", got)
+	}
+	// Over the budget even so: the tables exclusive.
+	var hot []*event.Intent
+	var hotStreams []string
+	for i := range rowLockBudget + 1 {
+		for _, s := range []string{"x", "y"} {
+			hot = append(hot, row("t", fmt.Sprint(i)))
+			hotStreams = append(hotStreams, s)
+		}
+	}
+	if got := rowLocks(hot, hotStreams); len(got) != 1 || !got[0].exclusive {
+		t.Errorf("%d rows that two streams write: %v, want t exclusive", rowLockBudget+1, got)
 	}
 }
