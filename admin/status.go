@@ -24,6 +24,7 @@ import (
 	"github.com/pgscribe/pgscribe/lag"
 	"github.com/pgscribe/pgscribe/leader"
 	"github.com/pgscribe/pgscribe/migrations"
+	"github.com/pgscribe/pgscribe/sqlstate"
 )
 
 // This file implements `pgscribe status`. It reads everything from the
@@ -234,16 +235,27 @@ type conns struct {
 func connect(ctx context.Context, cfg *config.Config) (*conns, error) {
 	target, err := connectCLI(ctx, cfg.TargetURL())
 	if err != nil {
-		return nil, fmt.Errorf("connect target: %w", err)
+		return nil, fmt.Errorf("connect target: %s%w", noRoom(err), err)
 	}
 	c := &conns{target: target, source: target}
 	if cfg.TargetURL() != cfg.Database.URL {
 		if c.source, err = connectCLI(ctx, cfg.Database.URL); err != nil {
 			target.Close(context.WithoutCancel(ctx))
-			return nil, fmt.Errorf("connect source: %w", err)
+			return nil, fmt.Errorf("connect source: %s%w", noRoom(err), err)
 		}
 	}
 	return c, nil
+}
+
+// noRoom explains a connection the server refused for want of room
+// (53300): what an operator can read meanwhile, and what to change. ""
+// for any other error.
+func noRoom(err error) string {
+	if sqlstate.ResourceSetting(err) != "max_connections" {
+		return ""
+	}
+	return "the server has no room for another connection (max_connections); each engine node still answers on its " +
+		"metrics listener (/readyz, pgscribe_halted in /metrics, the console) and logs why it halted; close a connection or raise max_connections: "
 }
 
 func (c *conns) close(ctx context.Context) {

@@ -4,8 +4,13 @@ import (
 	"context"
 	"fmt"
 	"net/http"
+	"os"
+	"os/exec"
+	"strings"
 	"testing"
 	"time"
+
+	"github.com/jackc/pgx/v5"
 
 	"github.com/pgscribe/pgscribe/internal/pgtest"
 )
@@ -73,4 +78,57 @@ func TestResourceFaultSlots(t *testing.T) {
 		p.stop()
 		e.exec(t, `SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name LIKE '%\_other\_%'`)
 	})
+}
+
+// TestCLIOnAFullServer: with every connection of the server taken, an
+// operator command (pgscribe status) cannot connect: it says the server
+// has no room, names max_connections and where the engine's state can be
+// read meanwhile, instead of PostgreSQL's bare refusal; with a connection
+// free again it answers.
+func TestCLIOnAFullServer(t *testing.T) {
+	t.Parallel()
+	pgtest.Require(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	s, err := pgtest.Start(ctx, pgtest.Options{Settings: map[string]string{"max_connections": "12"}, Logf: t.Logf})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = s.Stop(context.Background()) })
+	proj := faultProjection{name: "full", types: []string{"Tick"}}
+	e := faultEnvOn(t, pgtest.NewDatabase(t, s), 5, proj)
+	e.operate(t, 0, "status")
+	// Take every connection left (as the superuser: the reserved ones too).
+	var taken []*pgx.Conn
+	defer func() {
+		for _, c := range taken {
+			c.Close(context.Background())
+		}
+	}()
+	for {
+		c, err := pgx.Connect(ctx, e.dsn)
+		if err != nil {
+			if !strings.Contains(err.Error(), "53300") {
+				t.Fatalf("connection %d refused with %v, want 53300", len(taken)+1, err)
+			}
+			break
+		}
+		taken = append(taken, c)
+	}
+	cmd := exec.CommandContext(ctx, pgscribeBinary(t), "status", "-config", e.config)
+	cmd.Env = append(os.Environ(), "PGSCRIBE_DATABASE_URL="+e.dsn)
+	b, err := cmd.CombinedOutput()
+	out := string(b)
+	if err == nil {
+		t.Errorf("status on a full server succeeded: %s", out)
+	}
+	for _, want := range []string{"no room for another connection", "max_connections", "/readyz", "53300"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("status on a full server: %q does not say %q", out, want)
+		}
+	}
+	t.Logf("status on a full server: %s", out)
+	taken[0].Close(ctx)
+	taken = taken[1:]
+	e.operate(t, 0, "status")
 }
