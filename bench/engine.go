@@ -8,10 +8,12 @@ import (
 	"log/slog"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"regexp"
 	"runtime/debug"
 	"runtime/pprof"
 	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -115,6 +117,20 @@ func startInProcess(cfgPath, logPath, profilePath string) (*engineProc, error) {
 		close(p.done)
 	}()
 	return p, nil
+}
+
+// starter returns how a workload starts its engine: the -bin binary, or,
+// with -profile where the workload asks for it (profiled), engine.RunAll
+// inside this process under the CPU profiler (this tree's engine, not
+// -bin), writing raw/cpu-<id>.pprof. The run's figures are then the
+// in-process engine's: the bench's own CPU counts as the engine's.
+func (b *bench) starter(id, cfg, logPath string, profiled bool) func() (*engineProc, error) {
+	if !profiled || !b.opts.profile {
+		return func() (*engineProc, error) { return startBinary(b.opts.bin, cfg, logPath) }
+	}
+	prof := filepath.Join(b.opts.rawDir, "cpu-"+strings.ToLower(id)+".pprof")
+	say("%s: in-process under the CPU profiler, %s", id, prof)
+	return func() (*engineProc, error) { return startInProcess(cfg, logPath, prof) }
 }
 
 // stopProfile ends the in-process CPU profile; a no-op otherwise.

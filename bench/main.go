@@ -121,7 +121,7 @@ func parseFlags(args []string) (options, error) {
 	fs.BoolVar(&o.refs, "refs", true, "measure the references: SQL ceiling, per-event loop, W4's decode floor (false: engine only, for quick experiments)")
 	fs.BoolVar(&o.statements, "statements", false, "load pg_stat_statements and report the engine's heaviest statements per workload")
 	fs.BoolVar(&o.rss5M, "rss-5m", false, "also backfill 5M events (before -scale) to compare peak RSS with 1M")
-	fs.BoolVar(&o.profile, "profile", false, "rerun W1 and W2 in-process with the CPU profiler; top functions go to RESULTS.md; W7's backfill runs in-process under it (raw/cpu-w7b<N>.pprof)")
+	fs.BoolVar(&o.profile, "profile", false, "rerun W1 and W2 in-process with the CPU profiler; top functions go to RESULTS.md; W7's backfill and the clean backfills of W6 and W10 run in-process under it (raw/cpu-w7b<N>.pprof, cpu-w6.pprof, cpu-w10.pprof, cpu-w10a.pprof)")
 	fs.StringVar(&o.pgMode, "pg-mode", "local", "harness mode: local (this machine's binaries), docker, external, or \"\" for the harness's choice")
 	fs.Func("pg-set", "PostgreSQL setting name=value (repeatable), on top of the bench's", keyValue(o.pgSet))
 	fs.Func("engine-set", "[engine] key=value of the generated configuration (repeatable)", keyValue(o.engineSet))

@@ -99,6 +99,9 @@ func (b *bench) w10Run(ctx context.Context, w *Workload, hist history, id, label
 	if err != nil {
 		return err
 	}
+	if id == "W10" { // with -statements: the clean pair's, as W6 keeps its clean run's
+		w.Statements = r.statements
+	}
 	if !b.opts.refs {
 		return nil
 	}

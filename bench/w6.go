@@ -103,7 +103,13 @@ func (b *bench) poisonRun(ctx context.Context, w *Workload, db *database, id, la
 	w.Load = loadAverage()
 	say("%s: engine backfill, %d poison events (load %s) …", id, want, w.Load)
 	logPath := filepath.Join(b.opts.rawDir, strings.ToLower(id)+"-engine.log")
-	r, err := b.measure(ctx, db, func() (*engineProc, error) { return startBinary(b.opts.bin, cfg, logPath) }, targets, n, true)
+	// -profile: the clean runs (no poisonSQL: W6, W10, W10a) run in-process
+	// under the CPU profiler, to see where a backfill's time goes (issue 29).
+	profiled := b.opts.profile && poisonSQL == ""
+	if profiled {
+		label += ", in-process, CPU-profiled"
+	}
+	r, err := b.measure(ctx, db, b.starter(id, cfg, logPath, profiled), targets, n, true)
 	if err != nil {
 		return engineRun{}, err
 	}

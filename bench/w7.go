@@ -468,15 +468,8 @@ func (b *bench) w7CatchUp(ctx context.Context, w *Workload, hist history, k int,
 		say("W7: %d projection(s): engine restart and catch-up (load %s) …", k, c.Load)
 	}
 	logPath := filepath.Join(b.opts.rawDir, strings.ToLower(id)+"-engine.log")
-	start := func() (*engineProc, error) { return startBinary(b.opts.bin, cfg, logPath) }
-	if backfill && b.opts.profile {
-		// -profile: the backfill runs inside this process under the CPU
-		// profiler (this tree's engine, not -bin).
-		prof := filepath.Join(b.opts.rawDir, "cpu-"+strings.ToLower(id)+".pprof")
-		start = func() (*engineProc, error) { return startInProcess(cfg, logPath, prof) }
-		say("W7: %d projection(s): in-process under the CPU profiler, %s", k, prof)
-	}
-	r, err := b.measure(ctx, db, start, targets, n, false)
+	// -profile: the backfill runs in-process under the CPU profiler.
+	r, err := b.measure(ctx, db, b.starter(id, cfg, logPath, backfill), targets, n, false)
 	if err != nil {
 		return c, err
 	}
