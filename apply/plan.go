@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"fmt"
 	"slices"
+	"strconv"
 	"strings"
 
 	"github.com/pgscribe/pgscribe/event"
@@ -248,12 +249,26 @@ func (g *group) lockOrder() {
 // they might — so two intents whose keys differ only in type count as two
 // rows; they then land in one layer only if the database sees them as
 // distinct too, and otherwise the statement fails and the batch is isolated.
+//
+// It runs for every intent of a batch: the common key types are rendered
+// without fmt (the same text "%T:%v" gives them), the rest through it.
 func keyValues(cs []event.Column) string {
-	var b strings.Builder
+	var buf [64]byte // most keys fit: no allocation but the result
+	b := buf[:0]
 	for _, c := range cs {
-		fmt.Fprintf(&b, "%T:%v\x00", c.Value, c.Value)
+		switch v := c.Value.(type) {
+		case string:
+			b = append(append(b, "string:"...), v...)
+		case int64:
+			b = strconv.AppendInt(append(b, "int64:"...), v, 10)
+		case bool:
+			b = strconv.AppendBool(append(b, "bool:"...), v)
+		default:
+			b = fmt.Appendf(b, "%T:%v", c.Value, c.Value)
+		}
+		b = append(b, 0)
 	}
-	return b.String()
+	return string(b)
 }
 
 // foldIntents merges b into a (same row, same shape, b after a). The result
