@@ -57,9 +57,9 @@ type Projection struct {
 	hub     *hub            // the group's stream, set by the group before Run
 	onGroup atomic.Bool     // the version streams from its group's slot (for the lag probe)
 
-	state   atomic.Value // State
-	caught  atomic.Bool  // live and nothing in flight at the last lag tick
-	haltErr atomic.Value // error
+	state   atomic.Value             // State
+	caught  atomic.Bool              // live and nothing in flight at the last lag tick
+	haltErr atomic.Pointer[haltedBy] // why it halted (setHaltErr)
 
 	// Set and read by Run's goroutine only (sessions run on it).
 	resync     string // why the next session must resync from a new snapshot; "" = plan decides
@@ -148,7 +148,7 @@ func (p *Projection) Run(ctx context.Context) error {
 		if end == endHalt && ctx.Err() == nil {
 			var halt *apply.HaltError
 			errors.As(err, &halt)
-			p.haltErr.Store(err)
+			p.setHaltErr(err)
 			p.setState(StateHalted)
 			p.metrics.Halt(stageCommit, halt.SQLState)
 			p.log.Error("projection halted: fix the cause, then pgscribe resume (or restart pgscribe); nothing of the failing batch was acknowledged",
@@ -335,4 +335,22 @@ func (p *Projection) acquire(ctx context.Context) (*leader.Lease, error) {
 		case <-time.After(p.cfg.Engine.StandbyPoll):
 		}
 	}
+}
+
+// haltedBy holds a halt's error. An atomic.Value of the error itself
+// panicked ("store of inconsistently typed value") when a projection that
+// had halted on a source fault (an *errors.errorString) later halted on a
+// commit (a wrapped error), taking the node's every projection down
+// (campaign seed 2032: a dropped publication, then alter-break).
+type haltedBy struct{ err error }
+
+// setHaltErr records why the projection halted, whatever the error's type.
+func (p *Projection) setHaltErr(err error) { p.haltErr.Store(&haltedBy{err: err}) }
+
+// haltError is the error of the last halt, nil before any.
+func (p *Projection) haltError() error {
+	if h := p.haltErr.Load(); h != nil {
+		return h.err
+	}
+	return nil
 }

@@ -113,7 +113,7 @@ func (p *Projection) sourceFault(ctx context.Context, lease *leader.Lease, err e
 	if perr != nil {
 		reason += "; probe: " + perr.Error()
 	}
-	p.haltErr.Store(errors.New(reason))
+	p.setHaltErr(errors.New(reason))
 	p.setState(StateHalted)
 	p.metrics.Halt(stageSource, code)
 	p.log.Error("projection halted: the source cannot be read; nothing was acknowledged, probing every standby_poll, resumes by itself once the cause is gone",
@@ -211,7 +211,7 @@ func (p *Projection) resourceFault(ctx context.Context, lease *leader.Lease, err
 	setting := sqlstate.ResourceSetting(err)
 	code := sqlstate.Code(err)
 	reason := fmt.Sprintf("resource halt (sqlstate %s): the server has no room (%s): %s", code, setting, err.Error())
-	p.haltErr.Store(errors.New(reason))
+	p.setHaltErr(errors.New(reason))
 	p.setState(StateHalted)
 	p.metrics.Halt(stageResource, code)
 	p.resourceHalts++
@@ -283,7 +283,7 @@ func (p *Projection) lockFault(err error, halted bool) bool {
 	if setting := sqlstate.ResourceSetting(err); setting != "" {
 		if !halted {
 			code := sqlstate.Code(err)
-			p.haltErr.Store(fmt.Errorf("resource halt (sqlstate %s): the server has no room (%s): %w", code, setting, err))
+			p.setHaltErr(fmt.Errorf("resource halt (sqlstate %s): the server has no room (%s): %w", code, setting, err))
 			p.setState(StateHalted)
 			p.metrics.Halt(stageLock, code)
 			p.log.Error("projection halted: the server has no room for its lock session; raise "+setting+" or make pgscribe use less (fewer groups, a smaller parallelism); retrying every standby_poll, resumes by itself once there is room",
@@ -301,7 +301,7 @@ func (p *Projection) lockFault(err error, halted bool) bool {
 		if code != "" {
 			reason += " (sqlstate " + code + ")"
 		}
-		p.haltErr.Store(errors.New(reason + ": " + err.Error()))
+		p.setHaltErr(errors.New(reason + ": " + err.Error()))
 		p.setState(StateHalted)
 		p.metrics.Halt(stageLock, code)
 		p.log.Error("projection halted: cannot take its lock on the target; retrying every standby_poll, resumes by itself once the cause is gone",

@@ -177,7 +177,7 @@ func health(projs []*Projection) (healthy, ready bool, detail any) {
 		h := projectionHealth{Projection: p.spec.Name, Version: p.spec.Version, State: p.State(), Ready: p.Ready()}
 		if h.State == StateHalted {
 			healthy = false
-			if e, ok := p.haltErr.Load().(error); ok {
+			if e := p.haltError(); e != nil {
 				h.Error = e.Error()
 			}
 		}

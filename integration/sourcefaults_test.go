@@ -429,3 +429,43 @@ func TestSourceFaultGroupSlotUndecodable(t *testing.T) {
 		p.stop()
 	})
 }
+
+// TestStructuralHaltAfterASourceHalt: a projection that halted on a
+// dropped publication (and resumed once it was recreated) halts again,
+// later, on a column its rule writes renamed away (42703). The engine
+// recorded each halt's error in an atomic.Value, which panics when the
+// second error's type differs from the first's: the node died with every
+// projection on it (campaign seed 2032). It must halt visibly, stay up,
+// and resume exactly once the column is back and an operator resumes it.
+func TestStructuralHaltAfterASourceHalt(t *testing.T) {
+	tickFaultTest(t, "twohalts", func(t *testing.T, proj faultProjection) {
+		e, p := startFault(t, 5, "", rounds("h", 4, 10, "Tick", nil), proj)
+		admin := e.dsn
+		pub := scalar[string](t, e.pool, `SELECT pubname FROM pg_publication`)
+		e.exec(t, "DROP PUBLICATION "+pgx.Identifier{pub}.Sanitize())
+		e.appendEvents(t, rounds("h", 4, 5, "Tick", nil)...)
+		waitSourceHalt(t, e, p, proj.name, "source", "42704", admin)
+		migrateAs(t, e, admin)
+		p.waitLog(waitLong, "the source halt's end", logMsg("source fault cleared", proj.name))
+
+		e.exec(t, "ALTER TABLE "+proj.name+"_rows RENAME COLUMN v TO v_gone")
+		e.appendEvents(t, rounds("h", 4, 5, "Tick", nil)...)
+		p.waitLog(waitLong, "the structural halt", logMsg("projection halted: fix the cause", proj.name))
+		waitMetric(t, p, "pgscribe_halted", proj.name, 1, waitLong)
+		if p.exited() {
+			t.Fatalf("pgscribe exited on the second halt: %v", p.err())
+		}
+		if code, _ := p.get("/readyz"); code != http.StatusServiceUnavailable {
+			t.Errorf("/readyz %d while halted, want 503", code)
+		}
+		e.exec(t, "ALTER TABLE "+proj.name+"_rows RENAME COLUMN v_gone TO v")
+		e.operate(t, 0, "resume", "-projection", proj.name, "-version", "1")
+		waitMetric(t, p, "pgscribe_halted", proj.name, 0, waitLong)
+		e.appendEvents(t, rounds("h", 4, 5, "Tick", nil)...)
+		e.verifyClean(t, p, proj)
+		if p.countLog(func(r map[string]any) bool { return strings.Contains(fmt.Sprint(r["msg"]), "panic") }) > 0 {
+			t.Error("a panic in the log")
+		}
+		p.stop()
+	})
+}
