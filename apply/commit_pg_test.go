@@ -16,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgscribe/pgscribe/apply"
@@ -358,5 +359,23 @@ func TestCommitHaltNamesTheTablePG(t *testing.T) {
 		}
 	case <-ctx.Done():
 		t.Fatal("no halt within a minute of the rename")
+	}
+}
+
+// TestGroupArgsOnTheWire: the text[] arguments of a multi-row statement
+// (pgtype.FlatArray of *string, encoded without reflection) reach
+// PostgreSQL with their NULLs.
+func TestGroupArgsOnTheWire(t *testing.T) {
+	if testing.Short() {
+		t.Skip("needs PostgreSQL")
+	}
+	pool := migratedPool(t, nil)
+	a := "a"
+	var got []*string
+	if err := pool.QueryRow(context.Background(), `SELECT $1::text[]`, pgtype.FlatArray[*string]{&a, nil}).Scan(&got); err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != 2 || got[0] == nil || *got[0] != "a" || got[1] != nil {
+		t.Errorf("text[] round trip = %v, want [a NULL]", got)
 	}
 }

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgtype"
 
 	"github.com/pgscribe/pgscribe/event"
 )
@@ -111,7 +112,10 @@ func (s *statements) groupSQL(g *group, types columnTypes) (string, []any, error
 		}
 	}
 	for i := range cols {
-		args[i] = cols[i]
+		// pgx encodes a FlatArray without reflection; a []*string took
+		// its reflection path (6.7% of the engine's CPU in W10's
+		// backfill profile).
+		args[i] = pgtype.FlatArray[*string](cols[i])
 	}
 	if g.returning {
 		ords := make([]int32, len(g.rows))

@@ -6,6 +6,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgtype"
+
 	"github.com/pgscribe/pgscribe/event"
 )
 
@@ -134,7 +136,7 @@ func TestGroupArgs(t *testing.T) {
 		t.Fatal(err)
 	}
 	str := func(v string) *string { return &v }
-	want := []any{[]*string{str("a"), str("b")}, []*string{str("1"), str("2.5")}}
+	want := []any{pgtype.FlatArray[*string]{str("a"), str("b")}, pgtype.FlatArray[*string]{str("1"), str("2.5")}}
 	if !reflect.DeepEqual(args, want) {
 		t.Fatalf("args = %v", args)
 	}
