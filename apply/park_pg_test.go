@@ -34,7 +34,7 @@ func (checkedRules) Eval(ev *event.Event) ([]event.Intent, error) {
 			Inc: []event.Column{{Name: "n", Value: int64(1)}}}}, nil
 }
 
-// TestParkOnACheckViolation: under on_error = "park", an event that only
+// TestCampaignSeed9ParkOnACheckViolation: under on_error = "park", an event that only
 // its commit rejects (a CHECK violation found by the isolated pass) parks
 // its stream: nothing after it in the stream is applied, whether it comes
 // in the same batch or a later one; the other streams go on. Stream s
@@ -42,7 +42,7 @@ func (checkedRules) Eval(ev *event.Event) ([]event.Intent, error) {
 // pass: it is held, not dead-lettered, and the stream parks at the CHECK
 // violation (campaign seeds 7 and 9 parked at the rule failure and
 // applied the event between them).
-func TestParkOnACheckViolation(t *testing.T) {
+func TestCampaignSeed9ParkOnACheckViolation(t *testing.T) {
 	if testing.Short() {
 		t.Skip("needs PostgreSQL")
 	}

@@ -208,14 +208,14 @@ func (crossingCheckedRules) Eval(ev *event.Event) ([]event.Intent, error) {
 		{Rule: "trail", RuleIndex: 2, Op: event.OpSQL, SQL: "SELECT 1"}, row(second)}, nil
 }
 
-// TestRowLocksOfIsolatedBatches: partitions whose batches are isolated
+// TestCampaignSeed92IsolatedBatchesNoDeadlock: partitions whose batches are isolated
 // (a CHECK violation in each) and write shared rows in crossing orders
 // take the isolated pass's row locks first: no deadlock (41 to 64 in a
 // run before), every event counted once. What remains: an isolated pass
 // beside a batch of the grouped path, which takes no advisory locks (it
 // writes each statement's rows sorted), can still deadlock, about once
 // in a run of this test without the sql intent (before: about 50).
-func TestRowLocksOfIsolatedBatches(t *testing.T) {
+func TestCampaignSeed92IsolatedBatchesNoDeadlock(t *testing.T) {
 	if testing.Short() {
 		t.Skip("needs PostgreSQL")
 	}

@@ -507,14 +507,14 @@ func TestOldestEngineTransactionVisible(t *testing.T) {
 	})
 }
 
-// TestOperatorRetryOfAMiss: an update under if_missing = "dead_letter"
+// TestCampaignSeed2032RetryOfAMiss: an update under if_missing = "dead_letter"
 // that matches no row dead-letters its event as missing:<rule>. A retry
 // while the row is still missing fails again and keeps that kind and a
 // message naming the row (it was recorded as "commit:" with no SQLSTATE,
 // which verify reported as drift: campaign seed 2032); once the row
 // exists, a retry applies it. Under on_error = "park" too, where the
 // stream's later event is held until then.
-func TestOperatorRetryOfAMiss(t *testing.T) {
+func TestCampaignSeed2032RetryOfAMiss(t *testing.T) {
 	t.Parallel()
 	for _, mode := range []string{"dead_letter", "park"} {
 		t.Run(mode, func(t *testing.T) {

@@ -430,14 +430,14 @@ func TestSourceFaultGroupSlotUndecodable(t *testing.T) {
 	})
 }
 
-// TestStructuralHaltAfterASourceHalt: a projection that halted on a
+// TestCampaignSeed2032HaltAfterASourceHalt: a projection that halted on a
 // dropped publication (and resumed once it was recreated) halts again,
 // later, on a column its rule writes renamed away (42703). The engine
 // recorded each halt's error in an atomic.Value, which panics when the
 // second error's type differs from the first's: the node died with every
 // projection on it (campaign seed 2032). It must halt visibly, stay up,
 // and resume exactly once the column is back and an operator resumes it.
-func TestStructuralHaltAfterASourceHalt(t *testing.T) {
+func TestCampaignSeed2032HaltAfterASourceHalt(t *testing.T) {
 	tickFaultTest(t, "twohalts", func(t *testing.T, proj faultProjection) {
 		e, p := startFault(t, 5, "", rounds("h", 4, 10, "Tick", nil), proj)
 		admin := e.dsn
