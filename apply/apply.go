@@ -687,12 +687,14 @@ type dbtx interface {
 // the rest of the pipeline, the COMMIT included.
 func (c *Committer) applyPipelined(ctx context.Context, tx dbtx, pl *pipeline, plan []planned, bk *bookkeeping) error {
 	var intents []*event.Intent
+	var streams []string
 	for p := range applying(plan) {
 		for j := range p.intents {
 			intents = append(intents, &p.intents[j])
+			streams = append(streams, p.ev.StreamID)
 		}
 	}
-	if err := c.queueWrites(ctx, tx, pl, intents, false); err != nil {
+	if err := c.queueWrites(ctx, tx, pl, intents, streams, false); err != nil {
 		return err
 	}
 	if err := c.writeBook(ctx, &queuer{pl: pl, table: c.opts.Schema + " engine tables"}, bk); err != nil {
@@ -719,9 +721,10 @@ func (c *Committer) applyPipelined(ctx context.Context, tx dbtx, pl *pipeline, p
 // queueWrites queues intents as multi-row statements where that is exact
 // (see planGroups), else one statement per intent in order.
 //
+// streams is the stream of each intent (for the row locks, rowLocks);
 // locked says the caller took the row locks of intents already (the
 // isolated pass, for all of its segments).
-func (c *Committer) queueWrites(ctx context.Context, tx dbtx, pl *pipeline, intents []*event.Intent, locked bool) error {
+func (c *Committer) queueWrites(ctx context.Context, tx dbtx, pl *pipeline, intents []*event.Intent, streams []string, locked bool) error {
 	if layers, ok := planGroups(intents); ok {
 		for _, layer := range layers {
 			for _, g := range layer {
@@ -739,7 +742,7 @@ func (c *Committer) queueWrites(ctx context.Context, tx dbtx, pl *pipeline, inte
 	// The batch takes its row locks first, in one order for every batch
 	// (rowLocks).
 	if !locked {
-		lockRows(pl, intents, nil)
+		lockRows(pl, intents, streams)
 	}
 	for _, in := range intents {
 		if err := c.queueIntent(ctx, tx, pl, in); err != nil {
@@ -797,15 +800,16 @@ type rowLock struct {
 // waits for the first's commit before it writes anything. Hashes that
 // collide only make batches wait for each other too.
 //
-// streams, when not nil, is the stream of each intent (the isolated
-// pass): over the budget, the rows that two or more of the batch's
-// streams write are locked (they are the rows other partitions write
-// too: counts, shared accounts) and the tables shared, unless those rows
-// are over the budget too. Isolated passes of big batches (a backfill's,
-// with poison) then go on side by side instead of one at a time; a row
-// that only one stream of such a batch writes, and another partition's
-// batch too, is not locked by it, and the two can still deadlock (then
-// retried).
+// streams, when not nil, is the stream of each intent: over the budget,
+// the rows that two or more of the batch's streams write are locked (they
+// are the rows other partitions write too: counts, shared accounts) and
+// the tables shared, unless those rows are over the budget too. Big
+// batches (a backfill's or a catch-up's, an isolated pass over one) then
+// go on side by side instead of one at a time; a row that only one
+// stream of such a batch writes, and another partition's batch too, is
+// not locked by it, and the two can still deadlock (then retried). A row
+// of a stream's own (keyed by the stream or the event) is only ever
+// written by its partition.
 func rowLocks(intents []*event.Intent, streams []string) []rowLock {
 	tables := map[int32]map[int32]string{} // each row's stream, "" for two or more
 	n := 0

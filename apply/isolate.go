@@ -155,7 +155,7 @@ func (s *isolation) try(ctx context.Context, seg []int) (failure, err error) {
 				intents = append(intents, &s.plan[i].intents[j])
 			}
 		}
-		if err := s.c.queueWrites(ctx, s.tx, pl, intents, true); err != nil {
+		if err := s.c.queueWrites(ctx, s.tx, pl, intents, nil, true); err != nil {
 			return nil, err
 		}
 	}
