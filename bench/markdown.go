@@ -143,6 +143,18 @@ func (r *Results) markdown() string {
 			}
 			p("")
 		}
+		if len(w.Sizes) > 0 {
+			p("The hot tables when the backfill has accounted for every event (before the bench's VACUUM; dead tuples " +
+				"as pg_stat_user_tables counts them):")
+			p("")
+			p("| events | table | rows | heap pages | total KB | dead tuples |")
+			p("|--:|---|--:|--:|--:|--:|")
+			for _, ts := range w.Sizes {
+				p("| %s | `%s` | %s | %s | %s | %s |", thousands(ts.Events), ts.Table, thousands(ts.Rows), thousands(ts.Pages),
+					thousands(ts.TotalKB), thousands(ts.DeadTuples))
+			}
+			p("")
+		}
 		for _, c := range w.Checks {
 			verdict := "identical"
 			if c.DifferingRows != 0 {

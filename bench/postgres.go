@@ -206,6 +206,29 @@ func (db *database) settle(ctx context.Context) error {
 	return nil
 }
 
+// tableSizes reads the size of each table (a name, schema-qualified where
+// not in the search path) as it stands, tagged with the events behind it.
+// The statistics' dead tuples are flushed by the server's stats collector
+// up to a second late; the bench reads them after the engine has stopped.
+func (db *database) tableSizes(ctx context.Context, events int64, tables []string) ([]TableSize, error) {
+	var out []TableSize
+	for _, t := range tables {
+		ts := TableSize{Events: events, Table: t}
+		err := db.pool.QueryRow(ctx, `SELECT pg_relation_size(c.oid) / current_setting('block_size')::bigint,
+				pg_total_relation_size(c.oid) / 1024, coalesce(s.n_dead_tup, 0)
+			FROM pg_class c LEFT JOIN pg_stat_user_tables s ON s.relid = c.oid
+			WHERE c.oid = $1::regclass`, t).Scan(&ts.Pages, &ts.TotalKB, &ts.DeadTuples)
+		if err != nil {
+			return nil, fmt.Errorf("size of %s: %w", t, err)
+		}
+		if err := db.pool.QueryRow(ctx, "SELECT count(*) FROM "+t).Scan(&ts.Rows); err != nil {
+			return nil, fmt.Errorf("rows of %s: %w", t, err)
+		}
+		out = append(out, ts)
+	}
+	return out, nil
+}
+
 // accounted returns how many events the projection version has accounted
 // for (applied + skipped + dead-lettered), from its cursors.
 func (db *database) accounted(ctx context.Context, projection string, version int) (int64, error) {

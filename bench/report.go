@@ -58,8 +58,21 @@ type Workload struct {
 	Floor           []LatencyRow `json:"decode_floor,omitempty"` // W4's reference: logical decoding alone
 	Checks          []Check      `json:"checks,omitempty"`
 	Statements      []Statement  `json:"statements,omitempty"`
-	Wait            *WaitFigures `json:"wait,omitempty"` // W4 with -w4-wait (bench/wait.go)
-	W7              *w7Figures   `json:"w7,omitempty"`   // W7 (bench/w7.go)
+	Wait            *WaitFigures `json:"wait,omitempty"`        // W4 with -w4-wait (bench/wait.go)
+	W7              *w7Figures   `json:"w7,omitempty"`          // W7 (bench/w7.go)
+	Sizes           []TableSize  `json:"table_sizes,omitempty"` // W8: the hot tables after each backfill
+}
+
+// TableSize is a table's size when a backfill has just accounted for every
+// event, before any VACUUM the bench runs (issue 35's churn figure: a hot
+// row updated once per batch must not leave a version per batch behind).
+type TableSize struct {
+	Events     int64  `json:"events"`
+	Table      string `json:"table"`
+	Rows       int64  `json:"rows"`
+	Pages      int64  `json:"pages"`       // heap pages (pg_relation_size / block size)
+	TotalKB    int64  `json:"total_kb"`    // heap, indexes and TOAST
+	DeadTuples int64  `json:"dead_tuples"` // pg_stat_user_tables.n_dead_tup
 }
 
 // Statement is one line of pg_stat_statements over an engine run.

@@ -51,6 +51,10 @@ CREATE TABLE IF NOT EXISTS acct_type_counts (
   n    bigint NOT NULL
 );`
 
+// w8HotTables are the tables of W8 whose rows every batch updates: the
+// account's per-stream rows and the engine's cursors.
+var w8HotTables = []string{"acct_balances", "acct_summary", "pgscribe.cursors"}
+
 // w8Streams is the number of accounts of W8's histories (the issue's).
 const w8Streams = 1000
 
@@ -95,6 +99,11 @@ func (b *bench) w8Run(ctx context.Context, w *Workload, n int64) error {
 	rows := r.rows(fmt.Sprintf("backfill, %s events", thousands(n)))
 	w.Rows = append(w.Rows, rows...)
 	say("%s: engine %s", id, rows[0].summary())
+	sizes, err := db.tableSizes(ctx, n, w8HotTables)
+	if err != nil {
+		return err
+	}
+	w.Sizes = append(w.Sizes, sizes...)
 	if err := db.settle(ctx); err != nil {
 		return err
 	}
