@@ -141,6 +141,7 @@ type Store struct {
 	saveWatermarksSQL                        string
 	moveWatermarkSQL                         string
 	setPhaseSQL, totalsSQL, hasSQL, resetSQL string
+	loadPointSQL, savePointSQL               string
 	adoptSQL                                 string
 }
 
@@ -239,7 +240,15 @@ ON CONFLICT (projection, version) DO UPDATE SET
 VALUES ($1, $2, $3, $4, $5)
 ON CONFLICT (projection, version) DO UPDATE SET
   phase = excluded.phase, backfill_total = excluded.backfill_total,
-  backfill_done = excluded.backfill_done, updated_at = now()`,
+  backfill_done = excluded.backfill_done, updated_at = now(),
+  backfill_lsn = NULL, backfill_upto = NULL, backfill_after = NULL`,
+
+		loadPointSQL: `SELECT backfill_lsn::text, backfill_upto, coalesce(backfill_after, -9223372036854775808), coalesce(backfill_done, 0),
+  coalesce(backfill_total, 0)
+FROM ` + watermarks + " WHERE " + this + " AND phase = 'backfilling' AND backfill_lsn IS NOT NULL AND backfill_upto IS NOT NULL",
+		savePointSQL: "UPDATE " + watermarks + ` SET backfill_lsn = $3::pg_lsn, backfill_upto = $4, backfill_after = $5,
+  backfill_done = $6, updated_at = now()
+WHERE ` + this + " AND phase = 'backfilling'",
 
 		totalsSQL: "SELECT " + totalsColumns + " FROM " + cursors + " WHERE " + this,
 
@@ -485,6 +494,45 @@ func (s *Store) SetPhase(ctx context.Context, q event.Querier, phase string, tot
 	}
 	if _, err := q.Exec(ctx, s.setPhaseSQL, s.projection, s.version, phase, total, done); err != nil {
 		return fmt.Errorf("set phase: %w", err)
+	}
+	return nil
+}
+
+// BackfillPoint is where an interrupted backfill of the version resumes:
+// on the same slot, which nothing confirmed past its consistent point, the
+// events up to the snapshot's highest position, from the first position
+// not known to be accounted for. Stored with the backfill's progress.
+type BackfillPoint struct {
+	LSN   event.LSN // the slot's consistent point the backfill reads up to
+	UpTo  int64     // the highest position the backfill's snapshot saw
+	After int64     // every event of the snapshot at or below it is accounted for (math.MinInt64: none known)
+	Done  int64     // the snapshot's events at or below After
+	Total int64     // the snapshot's events (loaded: backfill_total, which SetPhase records)
+}
+
+// LoadBackfillPoint returns the version's backfill point; ok is false when
+// none is recorded (not backfilling, or not resumable: start again from a
+// new snapshot).
+func (s *Store) LoadBackfillPoint(ctx context.Context, q event.Querier) (p BackfillPoint, ok bool, err error) {
+	var lsn string
+	err = q.QueryRow(ctx, s.loadPointSQL, s.projection, s.version).Scan(&lsn, &p.UpTo, &p.After, &p.Done, &p.Total)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return BackfillPoint{}, false, nil
+	}
+	if err != nil {
+		return BackfillPoint{}, false, fmt.Errorf("load backfill point: %w", err)
+	}
+	if p.LSN, err = event.ParseLSN(lsn); err != nil {
+		return BackfillPoint{}, false, fmt.Errorf("load backfill point: %w", err)
+	}
+	return p, true, nil
+}
+
+// SaveBackfillPoint records p as the version's backfill point (with its
+// progress, Done) while its phase is backfilling. SetPhase clears it.
+func (s *Store) SaveBackfillPoint(ctx context.Context, q event.Querier, p BackfillPoint) error {
+	if _, err := q.Exec(ctx, s.savePointSQL, s.projection, s.version, p.LSN.String(), p.UpTo, p.After, p.Done); err != nil {
+		return fmt.Errorf("save backfill point: %w", err)
 	}
 	return nil
 }

@@ -76,7 +76,7 @@ func TestCursorCheckPhase(t *testing.T) {
 func TestCursorStoreQuotesSchema(t *testing.T) {
 	s := New(`Pg "Scribe`, "p", 1)
 	for _, sql := range []string{s.loadSQL, s.advanceSQL, s.loadWatermarkSQL, s.saveWatermarkSQL,
-		s.setPhaseSQL, s.totalsSQL, s.hasSQL, s.resetSQL} {
+		s.setPhaseSQL, s.totalsSQL, s.hasSQL, s.resetSQL, s.loadPointSQL, s.savePointSQL} {
 		if !strings.Contains(sql, `"Pg ""Scribe".`) {
 			t.Errorf("schema not quoted in %q", sql)
 		}

@@ -6,6 +6,7 @@ package cursor_test
 import (
 	"context"
 	"fmt"
+	"math"
 	"os"
 	"testing"
 	"time"
@@ -470,5 +471,69 @@ func TestCursorParkedAtZero(t *testing.T) {
 	}
 	if got, err := store.Load(ctx, pool, []string{"zero"}); err != nil || !got["zero"].Parked || got["zero"].ParkedSince != 0 {
 		t.Errorf("after a later batch: %+v, %v; want parked since 0", got["zero"], err)
+	}
+}
+
+// A backfill point is kept while the phase is backfilling and is cleared
+// by any phase change: a point left from an earlier backfill must never
+// resume another snapshot's.
+func TestBackfillPoint(t *testing.T) {
+	ctx := context.Background()
+	pool := storeDB(t, "pgscribe")
+	store := cursor.New("pgscribe", "balances", 1)
+	load := func() (cursor.BackfillPoint, bool) {
+		t.Helper()
+		p, ok, err := store.LoadBackfillPoint(ctx, pool)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return p, ok
+	}
+	if _, ok := load(); ok {
+		t.Fatal("a point on a version with no watermark")
+	}
+	if err := store.SetPhase(ctx, pool, cursor.PhaseBackfilling, 1000, 0); err != nil {
+		t.Fatal(err)
+	}
+	pt := cursor.BackfillPoint{LSN: mustLSN(t, "0/16B3748"), UpTo: 1200, After: math.MinInt64}
+	if err := store.SaveBackfillPoint(ctx, pool, pt); err != nil {
+		t.Fatal(err)
+	}
+	pt.Total = 1000
+	if got, ok := load(); !ok || got != pt {
+		t.Fatalf("point = %+v (%v), want %+v", got, ok, pt)
+	}
+	pt.After, pt.Done = 640, 600
+	if err := store.SaveBackfillPoint(ctx, pool, pt); err != nil {
+		t.Fatal(err)
+	}
+	if got, ok := load(); !ok || got != pt {
+		t.Fatalf("point = %+v (%v), want %+v", got, ok, pt)
+	}
+	w, _, err := store.LoadWatermark(ctx, pool)
+	if err != nil || w.BackfillDone != 600 {
+		t.Errorf("backfill_done = %d (%v), want the point's 600", w.BackfillDone, err)
+	}
+	if err := store.SetPhase(ctx, pool, cursor.PhaseBackfilling, 1000, 700); err != nil {
+		t.Fatal(err)
+	}
+	if got, ok := load(); ok {
+		t.Errorf("a phase save kept the point %+v", got)
+	}
+	if err := store.SaveBackfillPoint(ctx, pool, pt); err != nil {
+		t.Fatal(err)
+	}
+	if err := store.SetPhase(ctx, pool, cursor.PhaseLive, 1000, 1000); err != nil {
+		t.Fatal(err)
+	}
+	if got, ok := load(); ok {
+		t.Errorf("phase live kept the point %+v", got)
+	}
+	// Once live, a save does not bring one back.
+	if err := store.SaveBackfillPoint(ctx, pool, pt); err != nil {
+		t.Fatal(err)
+	}
+	if got, ok := load(); ok {
+		t.Errorf("a point saved on a live version: %+v", got)
 	}
 }

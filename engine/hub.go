@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/pgscribe/pgscribe/config"
+	"github.com/pgscribe/pgscribe/cursor"
 	"github.com/pgscribe/pgscribe/event"
 	"github.com/pgscribe/pgscribe/replication"
 	"github.com/pgscribe/pgscribe/rules"
@@ -753,6 +754,7 @@ func (h *hub) refreshHeld(ctx context.Context) error {
 type recordedWM struct {
 	lsn   event.LSN
 	phase string
+	point *cursor.BackfillPoint // a backfill's, while one is recorded (cursor.Store.LoadBackfillPoint)
 }
 
 // recorded reads the watermarks of every version recorded on the group's
@@ -765,17 +767,33 @@ func (h *hub) recorded(ctx context.Context) (map[string]recordedWM, error) {
 		return nil, err
 	}
 	defer conn.Close(context.WithoutCancel(ctx))
-	rows, err := conn.Query(cctx, `SELECT projection || '/' || version, COALESCE(lsn, '0/0')::text, phase FROM `+
-		pgx.Identifier{h.cfg.schema, "watermarks"}.Sanitize()+` WHERE slot_name = $1`, h.cfg.slot)
+	rows, err := conn.Query(cctx, `SELECT projection || '/' || version, COALESCE(lsn, '0/0')::text, phase,
+  backfill_lsn::text, backfill_upto, coalesce(backfill_after, -9223372036854775808), coalesce(backfill_done, 0), coalesce(backfill_total, 0)
+FROM `+pgx.Identifier{h.cfg.schema, "watermarks"}.Sanitize()+` WHERE slot_name = $1`, h.cfg.slot)
 	if err != nil {
 		return nil, err
 	}
 	out := map[string]recordedWM{}
 	var k, l, phase string
-	_, err = pgx.ForEachRow(rows, []any{&k, &l, &phase}, func() error {
+	var pl *string
+	var upTo *int64
+	var pt cursor.BackfillPoint
+	_, err = pgx.ForEachRow(rows, []any{&k, &l, &phase, &pl, &upTo, &pt.After, &pt.Done, &pt.Total}, func() error {
 		lsn, err := event.ParseLSN(l)
-		out[k] = recordedWM{lsn: lsn, phase: phase}
-		return err
+		if err != nil {
+			return err
+		}
+		w := recordedWM{lsn: lsn, phase: phase}
+		if phase == "backfilling" && pl != nil && upTo != nil {
+			p := pt
+			p.UpTo = *upTo
+			if p.LSN, err = event.ParseLSN(*pl); err != nil {
+				return err
+			}
+			w.point = &p
+		}
+		out[k] = w
+		return nil
 	})
 	return out, err
 }

@@ -271,14 +271,37 @@ func moveWatermark(ctx context.Context, store *cursor.Store, fenced txRunner, sl
 }
 
 // startBackfill records a backfill from slot's snapshot at consistent, of
-// total events: phase backfilling until setPhase says live.
-func startBackfill(ctx context.Context, store *cursor.Store, fenced txRunner, slot string, consistent event.LSN, total int64) error {
+// total events, starting at its backfill point from: phase backfilling
+// until setPhase says live.
+func startBackfill(ctx context.Context, store *cursor.Store, fenced txRunner, slot string, consistent event.LSN, total int64,
+	from cursor.BackfillPoint) error {
 	return fenced(ctx, func(tx pgx.Tx) error {
 		// A resync moves a stored watermark to the new slot.
 		if err := store.MoveWatermark(ctx, tx, slot); err != nil {
 			return err
 		}
-		return store.SaveWatermark(ctx, tx, cursor.Watermark{SlotName: slot, LSN: consistent, Phase: "backfilling", BackfillTotal: total})
+		if err := store.SetPhase(ctx, tx, "backfilling", total, from.Done); err != nil {
+			return err
+		}
+		if err := store.SaveWatermark(ctx, tx, cursor.Watermark{SlotName: slot, LSN: consistent, Phase: "backfilling", BackfillTotal: total}); err != nil {
+			return err
+		}
+		return store.SaveBackfillPoint(ctx, tx, from)
+	})
+}
+
+// saveProgress records the backfill's progress and its point (where it
+// resumes when interrupted) in one transaction, committed asynchronously
+// (backfillSaveEvery).
+func saveProgress(ctx context.Context, store *cursor.Store, fenced txRunner, total, done int64, at cursor.BackfillPoint) error {
+	return fenced(ctx, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, "SET LOCAL synchronous_commit = off"); err != nil {
+			return err
+		}
+		if err := store.SetPhase(ctx, tx, "backfilling", total, done); err != nil {
+			return err
+		}
+		return store.SaveBackfillPoint(ctx, tx, at)
 	})
 }
 

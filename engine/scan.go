@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/pgscribe/pgscribe/config"
+	"github.com/pgscribe/pgscribe/cursor"
 	"github.com/pgscribe/pgscribe/event"
 	"github.com/pgscribe/pgscribe/replication"
 )
@@ -53,13 +54,8 @@ func openScan(ctx context.Context, cfg *config.Config, src replication.Source, r
 	if sc.consistent, snapName, err = replication.CreateSlot(ctx, replConn, slot); err != nil {
 		return nil, atSource(err)
 	}
-	snapCfg, err := pgx.ParseConfig(cfg.Database.URL)
-	if err != nil {
-		return nil, atSource(fmt.Errorf("connect for snapshot: %w", err))
-	}
-	snapCfg.RuntimeParams["application_name"] = "pgscribe backfill"
-	if sc.snapConn, err = pgx.ConnectConfig(ctx, snapCfg); err != nil {
-		return nil, atSource(fmt.Errorf("connect for snapshot: %w", err))
+	if sc.snapConn, err = connectForSnapshot(ctx, cfg); err != nil {
+		return nil, err
 	}
 	if sc.snap, err = replication.OpenSnapshot(ctx, sc.snapConn, src, snapName); err != nil {
 		return nil, atSource(err)
@@ -82,10 +78,55 @@ func openScan(ctx context.Context, cfg *config.Config, src replication.Source, r
 	if err := sc.snap.Release(ctx); err != nil {
 		return nil, atSource(err)
 	}
-	sc.scout = replication.StartScout(ctx, replConn, src, sc.consistent, sc.snap.UpTo,
-		replication.StreamOptions{StallTimeout: cfg.Engine.StallTimeout, Logger: log})
-	sc.pages, sc.stopReading = readPages(ctx, sc.snap, cfg.Engine.BackfillBatchSize, int64(cfg.Engine.BufferMB)<<18)
+	sc.read(ctx, cfg, src)
 	return sc, nil
+}
+
+// resumeScan opens again the scan of a backfill that was interrupted on
+// slot: nothing confirmed the slot past its consistent point (pt.LSN), so
+// a scout streaming it from there tells apart, as the first time, the
+// events committed since the snapshot, and the pages go on above pt.After
+// up to the snapshot's highest position. Per-stream cursors skip what was
+// applied above pt.After before the interruption. The snapshot's commit
+// time is not known again: the watermark's commit time stays unknown
+// until a live event comes.
+func resumeScan(ctx context.Context, cfg *config.Config, src replication.Source, replConn *pgconn.PgConn, slot string,
+	log *slog.Logger, pt cursor.BackfillPoint) (_ *scan, err error) {
+	sc := &scan{slot: slot, log: log, replConn: replConn, consistent: pt.LSN, total: pt.Total}
+	defer func() {
+		if err != nil {
+			sc.close(ctx)
+		}
+	}()
+	if sc.snapConn, err = connectForSnapshot(ctx, cfg); err != nil {
+		return nil, err
+	}
+	if sc.snap, err = replication.ResumeSnapshot(ctx, sc.snapConn, src, pt.UpTo, pt.After, pt.Total); err != nil {
+		return nil, atSource(err)
+	}
+	sc.read(ctx, cfg, src)
+	return sc, nil
+}
+
+// connectForSnapshot opens the connection the scan's pages are read on.
+func connectForSnapshot(ctx context.Context, cfg *config.Config) (*pgx.Conn, error) {
+	snapCfg, err := pgx.ParseConfig(cfg.Database.URL)
+	if err != nil {
+		return nil, atSource(fmt.Errorf("connect for snapshot: %w", err))
+	}
+	snapCfg.RuntimeParams["application_name"] = "pgscribe backfill"
+	c, err := pgx.ConnectConfig(ctx, snapCfg)
+	if err != nil {
+		return nil, atSource(fmt.Errorf("connect for snapshot: %w", err))
+	}
+	return c, nil
+}
+
+// read starts the scout on the slot and the reader of the pages.
+func (sc *scan) read(ctx context.Context, cfg *config.Config, src replication.Source) {
+	sc.scout = replication.StartScout(ctx, sc.replConn, src, sc.consistent, sc.snap.UpTo,
+		replication.StreamOptions{StallTimeout: cfg.Engine.StallTimeout, Logger: sc.log})
+	sc.pages, sc.stopReading = readPages(ctx, sc.snap, cfg.Engine.BackfillBatchSize, int64(cfg.Engine.BufferMB)<<18)
 }
 
 // next returns the next page's events of the snapshot (those committed

@@ -4,11 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/pgscribe/pgscribe/cursor"
 	"github.com/pgscribe/pgscribe/event"
 	"github.com/pgscribe/pgscribe/replication"
 	"github.com/pgscribe/pgscribe/rules"
@@ -70,6 +72,8 @@ type scanStart struct {
 	consistent event.LSN
 	total      int64
 	snapTime   time.Time
+	from       cursor.BackfillPoint // where the scan starts (scanned.from)
+	resumed    bool
 	err        error
 }
 
@@ -198,14 +202,20 @@ func (h *hub) scanFor(ctx context.Context, seats []*seat) error {
 		return atSource(fmt.Errorf("connect source: %w", err))
 	}
 	defer srcConn.Close(context.WithoutCancel(ctx))
-	if err := h.slotFree(ctx); err != nil {
+	rec, err := h.slotFree(ctx)
+	if err != nil {
 		return err
 	}
 	info, err := replication.InspectSlot(ctx, srcConn, h.cfg.slot)
 	if err != nil {
 		return atSource(err)
 	}
-	if info.Exists {
+	from, resume := resumePoint(rec, seats, info)
+	if resume {
+		if err := replication.TerminateSlotHolder(ctx, srcConn, h.cfg.slot); err != nil {
+			return atSource(err)
+		}
+	} else if info.Exists {
 		// No version streams from it (slotFree): what it kept is for
 		// nobody, and the scan needs a new snapshot.
 		if err := replication.TerminateSlotHolder(ctx, srcConn, h.cfg.slot); err != nil {
@@ -221,14 +231,26 @@ func (h *hub) scanFor(ctx context.Context, seats []*seat) error {
 	}
 	src := h.cfg.src
 	src.Slot = h.cfg.slot
-	sc, err := openScan(ctx, h.cfg.full, src, replConn, h.cfg.slot, h.log, nil)
+	var sc *scan
+	if resume {
+		sc, err = resumeScan(ctx, h.cfg.full, src, replConn, h.cfg.slot, h.log, from)
+	} else {
+		sc, err = openScan(ctx, h.cfg.full, src, replConn, h.cfg.slot, h.log, nil)
+		from = cursor.BackfillPoint{After: math.MinInt64}
+	}
 	if err != nil {
 		return err
 	}
 	defer sc.close(ctx)
-	h.log.Info("one scan of the group's slot for its members", "slot", h.cfg.slot, "members", len(seats), "events", sc.total)
+	from.LSN, from.UpTo, from.Total = sc.consistent, sc.snap.UpTo, sc.total
+	if resume {
+		h.log.Info("one scan of the group's slot for its members, resumed where every member had accounted for every event",
+			"slot", h.cfg.slot, "members", len(seats), "events", sc.total, "after_position", from.After, "events_done", from.Done)
+	} else {
+		h.log.Info("one scan of the group's slot for its members", "slot", h.cfg.slot, "members", len(seats), "events", sc.total)
+	}
 	for _, st := range seats {
-		st.start <- scanStart{consistent: sc.consistent, total: sc.total, snapTime: sc.snapTime}
+		st.start <- scanStart{consistent: sc.consistent, total: sc.total, snapTime: sc.snapTime, from: from, resumed: resume}
 		st.begun = true
 	}
 	dec := decoder{seats: seats, wants: map[string][2]event.Want{}}
@@ -350,10 +372,10 @@ func (h *hub) dropSeat(st *seat) {
 // is recorded live on the group's slot: the slot cannot be made anew
 // without losing its place. A member of the scan, or a version whose
 // backfill was interrupted, has nothing to lose (it backfills again).
-func (h *hub) slotFree(ctx context.Context) error {
+func (h *hub) slotFree(ctx context.Context) (map[string]recordedWM, error) {
 	rec, err := h.recorded(ctx)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	var live []string
 	for k, w := range rec {
@@ -363,9 +385,39 @@ func (h *hub) slotFree(ctx context.Context) error {
 	}
 	if len(live) > 0 {
 		h.log.Info("the group's slot serves versions that do not share the scan: its members backfill on slots of their own", "slot", h.cfg.slot, "live", live)
-		return errNotShared
+		return nil, errNotShared
 	}
-	return nil
+	return rec, nil
+}
+
+// resumePoint says whether the group's scan goes on with an interrupted
+// one of the group's slot, and from where: every member at the scan has a
+// backfill point recorded on the slot, of the same snapshot (consistent
+// point and highest position), and nothing confirmed the slot past that
+// point. It resumes where every member had accounted for every event (the
+// lowest point); cursors skip what a member applied above it.
+func resumePoint(rec map[string]recordedWM, seats []*seat, slot replication.SlotInfo) (cursor.BackfillPoint, bool) {
+	if !slot.Exists || slot.Lost() || len(seats) == 0 {
+		return cursor.BackfillPoint{}, false
+	}
+	var from cursor.BackfillPoint
+	for i, st := range seats {
+		pt := rec[st.key].point
+		if pt == nil || pt.LSN != slot.Confirmed {
+			return cursor.BackfillPoint{}, false
+		}
+		if i == 0 {
+			from = *pt
+			continue
+		}
+		if pt.UpTo != from.UpTo || pt.Total != from.Total {
+			return cursor.BackfillPoint{}, false
+		}
+		if pt.After < from.After {
+			from.After, from.Done = pt.After, pt.Done
+		}
+	}
+	return from, true
 }
 
 // decoder decodes each event's documents once for every member of the

@@ -428,9 +428,9 @@ func TestSlotNeverConfirmedAhead(t *testing.T) {
 // while it backfills and twice while it streams: each time it exits 0
 // within the shutdown timeout, leaves no session behind, and has not
 // confirmed the slot past what it applied. Restarted, it ends exact. The
-// backfill it stops is a resumed one (after a SIGKILL), whose tracker
-// starts from the previous slot's position: a stop there must not mark the
-// projection live.
+// backfill it stops is a resumed one (after a SIGKILL, on the same slot
+// from its recorded point): a stop there must not mark the projection
+// live.
 func TestGracefulStopUnderLoad(t *testing.T) {
 	bal := balancesProjection()
 	r, a, seed, rng := newLoadRig(t, 600, 50, 200, 2*time.Millisecond, 1)
@@ -439,18 +439,19 @@ func TestGracefulStopUnderLoad(t *testing.T) {
 	defer cancel()
 
 	const shutdownTimeout = 30 * time.Second // rigEngineDefaults
-	backfillProgress := func(s *node) {
+	backfillProgress := func(s *node, msg string) {
 		t.Helper()
-		r.waitLog(s, time.Minute, `msg="backfill started" projection=balances`, 1)
+		r.waitLog(s, time.Minute, `msg="`+msg+`" projection=balances`, 1)
 		r.waitApplied(ctx, bal, time.Minute, 0, "the backfill to apply something")
 	}
 	s := r.start()
-	backfillProgress(s)
+	backfillProgress(s, "backfill started")
 	s.kill()
 	for i := range 3 {
 		s := r.start()
 		if i == 0 {
-			backfillProgress(s)
+			// Killed in its backfill, it goes on with it on its slot.
+			backfillProgress(s, "backfill resumed")
 		} else {
 			r.waitStreaming(s, 2*time.Minute)
 		}

@@ -51,7 +51,7 @@ func TestGroupScanDropsSlowMember(t *testing.T) {
 
 		waitAccounted(t, e.pool, waitLong, peer.name, 1, p.broken)
 		p.waitLog(waitLong, "the dropped member's own backfill", logMsg("backfilling on a slot of its own after a drop from the group's scan", peer.name))
-		p.waitLog(waitLong, "the dropped member's plan", logMsg("backfilling again from a new snapshot: the group's scan did not finish this version's backfill", peer.name))
+		p.waitLog(waitLong, "the dropped member's plan", logMsg("backfilling again: the group's scan did not finish this version's backfill", peer.name))
 		waitUntil(t, waitLong, peer.name+" to join the group's stream from its own slot", func(context.Context) (bool, error) {
 			return p.countLog(func(r map[string]any) bool {
 				return logMsg("joined the group's stream", peer.name)(r) && r["after"] == "its own slot"

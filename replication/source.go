@@ -240,8 +240,36 @@ func OpenSnapshot(ctx context.Context, conn *pgx.Conn, src Source, snapshot stri
 	if _, err := tx.Exec(ctx, "SET LOCAL DateStyle = 'ISO'; SET LOCAL TimeZone = 'UTC'"); err != nil {
 		return fail(fmt.Errorf("set snapshot session: %w", err))
 	}
-	if s.dec, err = describe(ctx, catalog{tx}, src); err != nil {
+	if err := s.prepare(ctx, catalog{tx}); err != nil {
 		return fail(err)
+	}
+	return s, nil
+}
+
+// ResumeSnapshot reads, on a regular connection, the rest of a snapshot an
+// interrupted backfill read up to after: the events at most upTo (the
+// snapshot's highest position) above after, in pages read as after
+// Release, each seeing what committed since (a Scout streaming the slot
+// from its consistent point again tells those apart). total is the
+// snapshot's count of events, as OpenSnapshot found it.
+func ResumeSnapshot(ctx context.Context, conn *pgx.Conn, src Source, upTo, after, total int64) (*Snapshot, error) {
+	s := &Snapshot{conn: conn, src: src, after: after, UpTo: upTo, Total: total}
+	if _, err := conn.Exec(ctx, "SET DateStyle = 'ISO'; SET TimeZone = 'UTC'"); err != nil {
+		return nil, fmt.Errorf("set snapshot session: %w", err)
+	}
+	if err := s.prepare(ctx, catalog{conn}); err != nil {
+		return nil, err
+	}
+	return s, nil
+}
+
+// prepare describes the events table's columns and builds the page query.
+func (s *Snapshot) prepare(ctx context.Context, cat catalog) error {
+	src := s.src
+	pos := pgx.Identifier{src.Columns.Position}.Sanitize()
+	var err error
+	if s.dec, err = describe(ctx, cat, src); err != nil {
+		return err
 	}
 	var sel []string
 	for f, n := range src.Columns.names() {
@@ -256,7 +284,7 @@ func OpenSnapshot(ctx context.Context, conn *pgx.Conn, src Source, snapshot stri
 	// the bigint bounds of the page.
 	s.query = fmt.Sprintf(`SELECT %s FROM %s WHERE %s > $1::bigint AND %s <= $3::bigint ORDER BY %s LIMIT $2`,
 		strings.Join(sel, ", "), src.tableIdent(), pos, pos, pos)
-	return s, nil
+	return nil
 }
 
 // Release ends the snapshot's transaction: the pages that follow are read
