@@ -150,10 +150,11 @@ func (b *bench) firstStartEmpty(ctx context.Context, db *database, cfg, logPath 
 }
 
 // sampleOldestXact samples, every second until the returned function is
-// called, how long the oldest open transaction of the database's sessions
-// but the bench's own (walsenders included) has been open, and returns
-// the longest seen: what holds the cluster's xmin horizon back while the
-// engine runs.
+// called, how long the oldest open transaction of the database's client
+// sessions but the bench's own (walsenders included; autovacuum's workers,
+// which also open transactions on the database, not) has been open, and
+// returns the longest seen: what the engine holds the cluster's xmin
+// horizon back with while it runs.
 func sampleOldestXact(ctx context.Context, db *database) func() time.Duration {
 	ctx, cancel := context.WithCancel(ctx)
 	done := make(chan time.Duration, 1)
@@ -165,7 +166,7 @@ func sampleOldestXact(ctx context.Context, db *database) func() time.Duration {
 			var s float64
 			err := db.pool.QueryRow(ctx, `SELECT coalesce(max(extract(epoch FROM clock_timestamp() - xact_start)), 0)::float8
 FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()
-  AND application_name <> $1`, benchApplication).Scan(&s)
+  AND backend_type IN ('client backend', 'walsender') AND application_name <> $1`, benchApplication).Scan(&s)
 			if err == nil {
 				worst = max(worst, time.Duration(s*float64(time.Second)))
 			}
