@@ -51,6 +51,7 @@ type options struct {
 	w7SlowMS                     float64
 	w8Events                     []int64
 	w8Poison                     int64
+	w10CleanOnly                 bool
 	rss5M, profile, refs         bool
 	statements                   bool
 	pgMode                       string
@@ -117,6 +118,7 @@ func parseFlags(args []string) (options, error) {
 	fs.BoolVar(&o.w7Rules, "w7-rules", true, "W7: for each N > 1 in -w7-live, also one projection with N rules, one into each of the N tables: all N written in one transaction per batch, the reference for what N projections' own transactions cost")
 	fs.Float64Var(&o.w7SlowMS, "w7-slow-ms", 1, "W7: how long the slow projection sleeps in PostgreSQL per event, mean ms (pg_sleep waits whole ms: a fraction is a share of the events, by position, that sleep one ms more)")
 	w8Events := fs.String("w8-events", "1000000,5000000", "W8: sizes of the account workload whose backfill and verify are measured (before -scale)")
+	fs.BoolVar(&o.w10CleanOnly, "w10-clean", false, "W10: only the clean pair (no poison run, no account-alone run), e.g. at -scale 5 and 25 for issue 35's sizes")
 	fs.Int64Var(&o.w8Poison, "w8-poison", 3, "W8: per 1,000 deposits and withdrawals, how many carry a reference too long for acct_balances.last_ref (commit-time poison)")
 	fs.BoolVar(&o.refs, "refs", true, "measure the references: SQL ceiling, per-event loop, W4's decode floor (false: engine only, for quick experiments)")
 	fs.BoolVar(&o.statements, "statements", false, "load pg_stat_statements and report the engine's heaviest statements per workload")
